@@ -1,0 +1,90 @@
+"""Runs the vision tower once per media item, batched across requests, and caches outputs by content hash."""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..models.base import VisionOutput
+from ..utils.h2d import async_tensor_h2d
+from ..utils.nvtx import nvtx_range
+from .scheduler import ScheduledSeq
+from .sequence import MMItem, Sequence
+
+
+@dataclass
+class StepMedia:
+    """Vision rows for one step: `rows` of the flat batch get `embeds` (and `deepstack`) in order."""
+    rows: torch.Tensor
+    embeds: torch.Tensor
+    deepstack: torch.Tensor | None
+
+
+def overlap(item: MMItem, start: int, end: int) -> tuple[int, int]:
+    """The item's embedding rows [lo, hi) whose tokens fall in the chunk [start, end)."""
+    return int(np.searchsorted(item.positions, start)), int(np.searchsorted(item.positions, end))
+
+
+class EncoderRunner:
+    def __init__(self, model, device: torch.device):
+        self.model = model
+        self.device = device
+        self.cache: dict[int, VisionOutput] = {}
+        self.users: dict[int, set[int]] = {}
+        self.encode_seconds = 0.0
+        self.items_encoded = 0
+
+    def items_in(self, batch: list[ScheduledSeq]):
+        for s in batch:
+            for item in s.seq.mm_items:
+                lo, hi = overlap(item, s.start, s.end)
+                if hi > lo:
+                    yield s, item, lo, hi
+
+    def prepare(self, batch: list[ScheduledSeq]) -> StepMedia | None:
+        """Encode the step's not-yet-encoded items in one tower call and return the rows to scatter."""
+        needed = list(self.items_in(batch))
+        if not needed:
+            return None
+        todo = {}
+        for s, item, _, _ in needed:
+            self.users.setdefault(item.hash, set()).add(s.seq.seq_id)
+            if item.hash not in self.cache:
+                todo.setdefault(item.hash, item)
+        if todo:
+            self.encode(list(todo.values()))
+        return self.gather(needed, batch)
+
+    def encode(self, items: list[MMItem]) -> None:
+        with nvtx_range("vision_encode"):
+            pixels = torch.cat([item.pixel_values for item in items])
+            out = self.model.encode(async_tensor_h2d(pixels, pixels.dtype, self.device),
+                                    [item.grid_thw for item in items])
+        sizes = [item.num_tokens for item in items]
+        embeds = out.embeds.split(sizes)
+        deepstack = out.deepstack.split(sizes, dim=1) if out.deepstack is not None else [None] * len(items)
+        for item, e, d in zip(items, embeds, deepstack):
+            self.cache[item.hash] = VisionOutput(e, d)
+        self.items_encoded += len(items)
+
+    def gather(self, needed, batch: list[ScheduledSeq]) -> StepMedia:
+        row_of_start = dict(zip(map(id, batch), np.cumsum([0] + [s.num_tokens for s in batch[:-1]])))
+        rows, embeds, deepstack = [], [], []
+        for s, item, lo, hi in needed:
+            rows.append(item.positions[lo:hi] - s.start + row_of_start[id(s)])
+            cached = self.cache[item.hash]
+            embeds.append(cached.embeds[lo:hi])
+            if cached.deepstack is not None:
+                deepstack.append(cached.deepstack[:, lo:hi])
+        return StepMedia(async_tensor_h2d(np.concatenate(rows), torch.long, self.device), torch.cat(embeds),
+                         torch.cat(deepstack, dim=1) if deepstack else None)
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the sequence's claim on its items; an item no running request uses leaves the cache."""
+        for item in seq.mm_items:
+            users = self.users.get(item.hash)
+            if users is None:
+                continue
+            users.discard(seq.seq_id)
+            if not users:
+                del self.users[item.hash]
+                self.cache.pop(item.hash, None)

@@ -1,0 +1,140 @@
+"""Paged KV block pool with prefix caching.
+
+A full block's key chains the previous block's key, its token ids and the content hashes of the media items that
+place tokens inside it. Image placeholder tokens are all the same id, so the media hashes are what make the same
+image hit and a different image miss.
+"""
+from collections import deque
+
+import numpy as np
+import xxhash
+
+from .sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "key", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.key: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+def block_key(prev: int, token_ids: list[int], media_hashes: list[int]) -> int:
+    h = xxhash.xxh3_128()
+    h.update(prev.to_bytes(16, "little"))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    for m in media_hashes:
+        h.update(m.to_bytes(16, "little"))
+    return h.intdigest()
+
+
+def media_in_block(seq: Sequence, start: int, end: int) -> list[int]:
+    return [item.hash for item in seq.mm_items
+            if np.any((item.positions >= start) & (item.positions < end))]
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_reuse: bool):
+        self.block_size = block_size
+        self.enable_reuse = enable_reuse
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))
+        self.cached: dict[int, int] = {}  # key -> block id, for computed full blocks
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def key_of(self, seq: Sequence, index: int) -> int:
+        """Chained key of `seq`'s full block `index`, memoised on the sequence."""
+        while len(seq.block_keys) <= index:
+            i = len(seq.block_keys)
+            start, end = i * self.block_size, (i + 1) * self.block_size
+            prev = seq.block_keys[-1] if seq.block_keys else 0
+            seq.block_keys.append(block_key(prev, seq.token_ids[start:end], media_in_block(seq, start, end)))
+        return seq.block_keys[index]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids caching `seq`'s longest computed prefix; the last prompt token is always left to compute."""
+        hits = []
+        if not self.enable_reuse:
+            return hits
+        for i in range((len(seq) - 1) // self.block_size):
+            block_id = self.cached.get(self.key_of(seq, i))
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        """Admit `seq`: reuse its cached prefix `hits` and reserve blocks for its first chunk.
+
+        False, with nothing taken, if the pool is short."""
+        cached_tokens = len(hits) * self.block_size
+        fresh = self.blocks_needed(cached_tokens + num_new_tokens) - len(hits)
+        reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if fresh + reusable_free > self.num_free_blocks:
+            return False
+        for block_id in hits:
+            self.take(block_id)
+        seq.block_table = hits + [self.take_free() for _ in range(fresh)]
+        seq.num_cached_tokens = seq.num_computed_tokens = cached_tokens
+        self.queried_tokens += seq.num_prompt_tokens
+        self.hit_tokens += cached_tokens
+        return True
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Make `seq`'s block table cover `num_tokens` tokens. False if the pool is short."""
+        need = self.blocks_needed(num_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        seq.block_table.extend(self.take_free() for _ in range(max(need, 0)))
+        return True
+
+    def take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            self.free_ids.remove(block_id)
+        block.ref_count += 1
+
+    def take_free(self) -> int:
+        block = self.blocks[self.free_ids.popleft()]
+        if block.key is not None and self.cached.get(block.key) == block.block_id:
+            del self.cached[block.key]  # evict: the least recently freed cached block is reused first
+        block.key, block.token_ids = None, ()
+        block.ref_count = 1
+        return block.block_id
+
+    def commit(self, seq: Sequence) -> None:
+        """Publish the sequence's newly computed full blocks to the prefix cache."""
+        if not self.enable_reuse:
+            return
+        for i in range(seq.num_computed_tokens // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            if block.key is not None:
+                continue
+            block.key = self.key_of(seq, i)
+            block.token_ids = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            self.cached.setdefault(block.key, block.block_id)
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_ids.append(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0

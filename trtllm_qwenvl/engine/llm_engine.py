@@ -1,0 +1,203 @@
+"""The engine: owns the model, KV pool, scheduler and runners; turns requests into steps and steps into outputs."""
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import LlmArgs
+from ..inputs.processor import InputProcessor
+from ..layers.attention_backends import select_backend
+from ..llmapi.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ..llmapi.sampling_params import SamplingParams
+from ..models.registry import resolve
+from ..utils.logging import logger
+from ..utils.nvtx import nvtx_range
+from .detokenizer import IncrementalDetokenizer
+from .encoder_runner import EncoderRunner
+from .kv_cache import BlockManager
+from .model_runner import ModelRunner, SampledToken, kv_bytes_per_token
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Sequence
+
+CPU_DEFAULT_KV_TOKENS = 65536
+
+
+def eos_token_ids(model_dir: str, tokenizer) -> set[int]:
+    ids = set()
+    path = Path(model_dir) / "generation_config.json"
+    if path.exists():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def build_model(args: LlmArgs, hf_config, device: torch.device, dtype: torch.dtype):
+    cls = resolve(hf_config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.load(args.model)
+    return model.eval()
+
+
+class LLMEngine:
+    def __init__(self, args: LlmArgs):
+        from transformers import AutoConfig
+        self.args = args
+        hf_config = AutoConfig.from_pretrained(args.model)
+        self.device = args.torch_device()
+        self.dtype = args.torch_dtype(getattr(hf_config, "dtype", None) or hf_config.text_config.dtype)
+        select_backend(args.attn_backend)
+        self.model = build_model(args, hf_config, self.device, self.dtype)
+        self.processor = InputProcessor(args.tokenizer or args.model, hf_config)
+        self.tokenizer = self.processor.tokenizer
+        self.eos_ids = eos_token_ids(args.model, self.tokenizer)
+        self.max_seq_len = args.max_seq_len or hf_config.text_config.max_position_embeddings
+        kv = args.kv_cache_config
+        num_blocks = self.count_kv_blocks()
+        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse)
+        self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill)
+        self.encoder = EncoderRunner(self.model, self.device)
+        self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
+                                  args.max_num_tokens)
+        self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
+        logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
+                    self.device, num_blocks, kv.tokens_per_block)
+
+    def count_kv_blocks(self) -> int:
+        kv = self.args.kv_cache_config
+        per_block = kv_bytes_per_token(self.model, self.dtype) * kv.tokens_per_block
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            blocks = int(free * kv.free_gpu_memory_fraction) // per_block
+        else:
+            blocks = -(-min(CPU_DEFAULT_KV_TOKENS, self.max_seq_len * self.args.max_batch_size)
+                       // kv.tokens_per_block)
+        if kv.max_tokens is not None:
+            blocks = min(blocks, -(-kv.max_tokens // kv.tokens_per_block))
+        if blocks <= 0:
+            raise ValueError("no memory left for the KV cache")
+        return blocks
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    def make_sequence(self, request_id: str, prompt, params: SamplingParams) -> Sequence:
+        """Validate and preprocess a request. Raises ValueError; touches no engine state, so it is thread-safe."""
+        params.validate()
+        start = time.perf_counter()
+        processed = self.processor(prompt)
+        length = len(processed.token_ids)
+        if length + params.max_tokens > self.max_seq_len:
+            raise ValueError(f"the prompt has {length} tokens; with max_tokens={params.max_tokens} it exceeds "
+                             f"max_seq_len={self.max_seq_len}")
+        if length > self.args.max_num_tokens and not self.args.enable_chunked_prefill:
+            raise ValueError(f"the prompt has {length} tokens, more than max_num_tokens={self.args.max_num_tokens}; "
+                             "enable chunked prefill to serve it")
+        if self.blocks.blocks_needed(length + params.max_tokens) > self.blocks.num_blocks:
+            raise ValueError(f"the request needs {length + params.max_tokens} tokens of KV cache, more than the "
+                             f"pool's {self.blocks.num_blocks * self.blocks.block_size}")
+        seq = Sequence(request_id, processed, params)
+        seq.preprocess_time = time.perf_counter() - start
+        return seq
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.states:
+            raise ValueError(f"request id {seq.request_id!r} is already running")
+        p = seq.params
+        detok = IncrementalDetokenizer(self.tokenizer, seq.token_ids, p.stop, p.skip_special_tokens,
+                                       p.include_stop_str_in_output)
+        self.states[seq.request_id] = (seq, detok, RequestMetrics(time.time(), preprocess_time=seq.preprocess_time))
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        if request_id not in self.states:
+            return None
+        seq = self.states[request_id][0]
+        self.finish(seq, "abort")
+        return self.output(seq, "", [])
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        with nvtx_range("schedule"):
+            batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            media = self.encoder.prepare(batch)
+            sampled = self.runner.run(batch, media)
+        except Exception as e:  # a failed step fails its requests, frees their blocks, and the engine goes on
+            logger.exception("step failed")
+            return [self.fail(s.seq, e) for s in batch]
+        return self.postprocess(batch, sampled)
+
+    def postprocess(self, batch: list[ScheduledSeq], sampled: list[SampledToken]) -> list[RequestOutput]:
+        outputs = []
+        tokens = iter(sampled)
+        for s in batch:
+            seq = s.seq
+            seq.num_computed_tokens = s.end
+            self.blocks.commit(seq)
+            if s.samples:
+                outputs.append(self.append(seq, next(tokens)))
+        return outputs
+
+    def append(self, seq: Sequence, tok: SampledToken) -> RequestOutput:
+        _, detok, metrics = self.states[seq.request_id]
+        if metrics.first_token_time is None:
+            metrics.first_token_time = time.time()
+        seq.token_ids.append(tok.token_id)
+        if tok.logprob is not None:
+            seq.cumulative_logprob += tok.logprob
+            seq.logprobs.append({tok.token_id: tok.logprob, **tok.top_logprobs})
+        text, stop = detok.add(tok.token_id)
+        reason = self.finish_reason(seq, tok.token_id, stop)
+        if reason:
+            self.finish(seq, reason)
+        return self.output(seq, text, [tok.token_id])
+
+    def finish_reason(self, seq: Sequence, token: int, stop_string: str | None) -> str | None:
+        p = seq.params
+        if stop_string is not None:
+            seq.stop_reason = stop_string
+            return "stop"
+        if token in p.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if not p.ignore_eos and token in self.eos_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_seq_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.encoder.release(seq)
+        self.states[seq.request_id][2].finished_time = time.time()
+
+    def fail(self, seq: Sequence, error: Exception) -> RequestOutput:
+        self.finish(seq, "error")
+        out = self.output(seq, "", [])
+        out.error = f"{type(error).__name__}: {error}"
+        return out
+
+    def output(self, seq: Sequence, text_diff: str, ids_diff: list[int]) -> RequestOutput:
+        _, detok, metrics = self.states[seq.request_id]
+        finished = seq.is_finished
+        if finished:
+            del self.states[seq.request_id]
+        completion = CompletionOutput(
+            0, detok.text, seq.output_token_ids, seq.cumulative_logprob if seq.params.logprobs is not None else None,
+            list(seq.logprobs) if seq.params.logprobs is not None else None, seq.finish_reason, seq.stop_reason,
+            text_diff, ids_diff)
+        return RequestOutput(seq.request_id, seq.prompt.prompt, seq.prompt.token_ids, [completion], finished,
+                             seq.num_cached_tokens, metrics)

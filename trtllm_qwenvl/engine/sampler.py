@@ -1,0 +1,50 @@
+"""Token selection for the sampled rows of a step: greedy, temperature, top-k, top-p, per-request seeds."""
+import torch
+
+from .sequence import Sequence
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus; top_k 0 and top_p 1 leave a row untouched."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    ranks = torch.arange(vocab, device=logits.device)
+    drop = ranks[None, :] >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    # Drop a token when the mass strictly before it already reaches top_p; the top token always stays.
+    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+def exponential_noise(shape, seqs: list[Sequence], device) -> torch.Tensor:
+    noise = torch.empty(shape, device=device).exponential_()
+    for row, seq in enumerate(seqs):
+        if seq.generator is not None:
+            # Seeded requests draw on the host from their own generator, so results do not depend on batching.
+            noise[row] = torch.empty(shape[1]).exponential_(generator=seq.generator).to(device)
+    return noise
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """logits (B, V) fp32 -> token ids (B,)."""
+    greedy = logits.argmax(dim=-1)
+    if all(seq.params.greedy for seq in seqs):
+        return greedy
+    device = logits.device
+    params = [seq.params for seq in seqs]
+    temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    probs = apply_top_k_top_p(logits / temps[:, None], top_k, top_p).softmax(-1)
+    sampled = (probs / exponential_noise(probs.shape, seqs, device)).argmax(-1)
+    is_greedy = torch.tensor([p.greedy for p in params], device=device)
+    return torch.where(is_greedy, greedy, sampled)
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
+    """Logprobs of the raw distribution: the sampled token's (B,), and the top `num` (B, num) ids and values."""
+    logprobs = logits.log_softmax(-1)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    top_values, top_ids = logprobs.topk(num, dim=-1) if num else (logprobs[:, :0], tokens[:, None][:, :0])
+    return chosen, top_ids, top_values

@@ -1,0 +1,96 @@
+"""Continuous batching: decodes and unfinished prefills first, then new requests, under the step's token budget."""
+from collections import deque
+from dataclasses import dataclass
+
+from .kv_cache import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int       # first token computed this step
+    num_tokens: int  # tokens computed this step
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the sequence's last token, so the step samples its next one."""
+        return self.end == len(self.seq)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_tokens: int, chunked_prefill: bool):
+        self.blocks = blocks
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.chunked_prefill = chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_tokens
+        batch = []
+        for seq in list(self.running):
+            if seq not in self.running or budget == 0:
+                continue
+            n = min(len(seq) - seq.num_computed_tokens, budget)
+            if not self.reserve(seq, seq.num_computed_tokens + n):
+                continue
+            batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            item = self.admit(self.waiting[0], budget)
+            if item is None:
+                break
+            self.waiting.popleft()
+            batch.append(item)
+            budget -= item.num_tokens
+        return batch
+
+    def admit(self, seq: Sequence, budget: int) -> ScheduledSeq | None:
+        hits = self.blocks.match_prefix(seq)
+        n = len(seq) - len(hits) * self.blocks.block_size
+        if n > budget and not self.chunked_prefill:
+            return None
+        n = min(n, budget)
+        if not self.blocks.allocate(seq, hits, n):
+            return None
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return ScheduledSeq(seq, seq.num_computed_tokens, n)
+
+    def reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow `seq`'s blocks, preempting the newest running sequences while the pool is short."""
+        while not self.blocks.grow(seq, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s KV and requeue it first; its generated tokens are recomputed as part of its prompt."""
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,90 @@
+"""A request as the engine sees it: tokens, multimodal items, mRoPE positions, KV blocks and progress."""
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import numpy as np
+import torch
+
+from ..llmapi.sampling_params import SamplingParams
+
+
+class Status(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass
+class MMItem:
+    """One image or video after the HF processor. `positions` are the prompt indices its embeddings fill."""
+    modality: str
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    positions: np.ndarray
+    hash: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.positions)
+
+
+@dataclass
+class ProcessedPrompt:
+    token_ids: list[int]
+    mm_items: list[MMItem] = field(default_factory=list)
+    mrope_positions: np.ndarray | None = None  # (3, L)
+    mrope_delta: int = 0
+    prompt: str | None = None
+
+
+_ids = itertools.count()
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams):
+        self.seq_id = next(_ids)
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.token_ids = list(prompt.token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.mm_items = prompt.mm_items
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.block_keys: list[int] = []  # chained prefix-cache keys of this sequence's full blocks
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.logprobs: list[dict[int, float]] = []
+        self.cumulative_logprob = 0.0
+        self.preprocess_time = 0.0
+        self.generator = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def positions(self, start: int, end: int) -> np.ndarray:
+        """mRoPE positions (3, end-start): the prompt's precomputed ones, then text positions shifted by delta."""
+        mrope = self.prompt.mrope_positions
+        head = mrope[:, start:min(end, mrope.shape[1])]
+        tail_start = max(start, mrope.shape[1])
+        if tail_start >= end:
+            return head
+        tail = np.arange(tail_start, end, dtype=np.int64) + self.prompt.mrope_delta
+        return np.concatenate([head, np.broadcast_to(tail, (3, end - tail_start))], axis=1)

@@ -1,0 +1,122 @@
+"""Prompt -> token ids, media items and mRoPE positions.
+
+Text-only prompts take the tokenizer alone; prompts with media run the checkpoint's own HF processor.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.sequence import MMItem, ProcessedPrompt
+from .hashing import hash_media
+from .mrope import MRopeSpec, get_rope_index, text_positions
+
+PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+
+
+@dataclass
+class Video:
+    """Decoded frames (T, H, W, 3) uint8 at `fps`; frames are used as given, never re-sampled."""
+    frames: np.ndarray
+    fps: float = 2.0
+
+    @classmethod
+    def of(cls, video) -> "Video":
+        if isinstance(video, Video):
+            return video
+        if isinstance(video, dict):
+            return cls(np.asarray(video["frames"]), float(video.get("fps", 2.0)))
+        return cls(np.asarray(video))
+
+
+def as_list(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class InputProcessor:
+    def __init__(self, model_dir: str, hf_config, tokenizer=None):
+        from transformers import AutoTokenizer
+        self.model_dir = model_dir
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+        self.spec = MRopeSpec.from_hf_config(hf_config)
+        self._processor = None
+
+    @property
+    def processor(self):
+        if self._processor is None:  # loaded on first media prompt: text-only serving never pays for it
+            from transformers import AutoProcessor
+            self._processor = AutoProcessor.from_pretrained(self.model_dir)
+        return self._processor
+
+    def __call__(self, prompt) -> ProcessedPrompt:
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        media = {k: as_list(v) for k, v in (prompt.get("multi_modal_data") or {}).items() if as_list(v)}
+        unknown = set(media) - set(PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"unsupported modality {sorted(unknown)}; supported: {sorted(PLACEHOLDERS)}")
+        if "prompt_token_ids" in prompt:
+            if media:
+                raise ValueError("multi_modal_data needs a text prompt with placeholders, not prompt_token_ids")
+            return self.text_only(list(prompt["prompt_token_ids"]), None)
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise ValueError("a prompt must be a string or a dict with 'prompt' or 'prompt_token_ids'")
+        check_placeholders(text, media)
+        if not media:
+            return self.text_only(self.tokenizer(text)["input_ids"], text)
+        return self.multimodal(text, media)
+
+    def text_only(self, token_ids: list[int], text: str | None) -> ProcessedPrompt:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        return ProcessedPrompt(token_ids, [], text_positions(len(token_ids)), 0, text)
+
+    def multimodal(self, text: str, media: dict) -> ProcessedPrompt:
+        images = media.get("image", [])
+        videos = [Video.of(v) for v in media.get("video", [])]
+        kwargs = {}
+        if images:
+            kwargs["images"] = images
+        if videos:
+            kwargs["videos"] = [v.frames for v in videos]
+            kwargs["video_metadata"] = [{"fps": v.fps, "total_num_frames": len(v.frames),
+                                         "frames_indices": list(range(len(v.frames)))} for v in videos]
+            kwargs["do_sample_frames"] = False
+        try:
+            out = self.processor(text=[text], return_tensors="pt", **kwargs)
+        except (ValueError, TypeError, OSError) as e:
+            raise ValueError(f"could not process the media: {e}") from e
+        ids = out["input_ids"][0].numpy()
+        image_grids = out["image_grid_thw"].numpy() if images else None
+        video_grids = out["video_grid_thw"].numpy() if videos else None
+        seconds = np.asarray(out["second_per_grid_ts"], dtype=np.float64) if "second_per_grid_ts" in out else None
+        positions, delta = get_rope_index(self.spec, ids, image_grids, video_grids, seconds)
+        items = self.items(ids, "image", out.get("pixel_values"), image_grids, None) + \
+            self.items(ids, "video", out.get("pixel_values_videos"), video_grids, seconds)
+        return ProcessedPrompt(ids.tolist(), items, positions, delta, text)
+
+    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds) -> list[MMItem]:
+        if grids is None:
+            return []
+        token = self.spec.image_token_id if modality == "image" else self.spec.video_token_id
+        places = np.flatnonzero(ids == token)
+        merge = self.spec.spatial_merge_size ** 2
+        items, patch, tok = [], 0, 0
+        for i, grid in enumerate(grids):
+            grid = tuple(int(g) for g in grid)
+            n_patches, n_tokens = int(np.prod(grid)), int(np.prod(grid)) // merge
+            px = pixels[patch:patch + n_patches].contiguous()
+            extra = float(seconds[i]) if seconds is not None else 0.0
+            items.append(MMItem(modality, px, grid, places[tok:tok + n_tokens], hash_media(modality, px, grid, extra)))
+            patch, tok = patch + n_patches, tok + n_tokens
+        return items
+
+
+def check_placeholders(text: str, media: dict) -> None:
+    for modality, placeholder in PLACEHOLDERS.items():
+        found, given = text.count(placeholder), len(media.get(modality, []))
+        if found != given:
+            raise ValueError(f"the prompt has {found} {modality} placeholder(s) {placeholder} "
+                             f"but {given} {modality}(s) were given")

@@ -1,0 +1,59 @@
+"""LM self-attention. The paged attention call is one registered custom op: the split point for piecewise graphs."""
+import torch
+from torch import nn
+
+from .attention_backends import active_backend
+from .forward_context import get_context
+from .norm import RMSNorm
+from .rotary import apply_rotary
+
+
+@torch.library.custom_op("trtllm_qwenvl::paged_attention", mutates_args=("k_cache", "v_cache", "out"))
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+    meta = get_context().attn
+    backend = active_backend()
+    if not meta.plan:
+        meta.plan = backend.plan(meta)
+    backend.forward(q, k, v, k_cache, v_cache, out, scale, meta)
+
+
+@paged_attention.register_fake
+def _(q, k, v, k_cache, v_cache, out, scale) -> None:
+    return None
+
+
+class Attention(nn.Module):
+    """GQA attention with fused qkv, optional per-head q/k RMSNorm and rotary from shared cos/sin."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, qkv_bias: bool,
+                 qk_norm_eps: float | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.scale = head_dim ** -0.5
+        q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
+        shards = {"q": (0, q_rows), "k": (q_rows, kv_rows), "v": (q_rows + kv_rows, kv_rows)}
+        for p in self.qkv_proj.parameters():
+            p.shards = shards  # lets the loader fill q/k/v checkpoint tensors into the fused matrix
+        # Bound to views of the engine's KV pool by the model runner.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+            dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        out = torch.empty_like(q)
+        paged_attention(q, k, v, self.k_cache, self.v_cache, out, self.scale)
+        return self.o_proj(out.view(n, -1))

@@ -1,0 +1,60 @@
+"""Paged attention backends behind one interface: store the step's K/V into the cache, attend over the pages.
+
+`torch` is the reference (SDPA over gathered pages) and runs everywhere. GPU kernels register here too.
+"""
+import torch
+import torch.nn.functional as F
+
+from .forward_context import AttentionMetadata
+
+
+class TorchPagedAttention:
+    """Gathers each sequence's pages into a padded (B, max_k) batch and runs one masked SDPA call."""
+
+    name = "torch"
+
+    @staticmethod
+    def plan(meta: AttentionMetadata) -> dict:
+        device = meta.cu_seqlens_q.device
+        q_start = meta.cu_seqlens_q[:-1].long()
+        q_len = meta.cu_seqlens_q[1:].long() - q_start
+        n_tokens = meta.slot_mapping.shape[0]
+        q_offsets = torch.arange(meta.max_seqlen_q, device=device)
+        q_index = (q_start[:, None] + q_offsets).clamp_(max=n_tokens - 1)
+        k_pos = torch.arange(meta.max_seqlen_k, device=device)
+        blocks = meta.block_tables.long().index_select(1, k_pos // meta.block_size)
+        k_slots = blocks * meta.block_size + k_pos % meta.block_size
+        seq_lens_k = meta.seq_lens_k.long()
+        q_abs = (seq_lens_k - q_len)[:, None] + q_offsets
+        mask = (k_pos <= q_abs[:, :, None]) & (k_pos < seq_lens_k[:, None, None])
+        return {"q_index": q_index, "k_slots": k_slots, "mask": mask.unsqueeze(1)}
+
+    @staticmethod
+    def forward(q, k, v, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
+        plan = meta.plan
+        flat_k = k_cache.view(-1, *k_cache.shape[-2:])
+        flat_v = v_cache.view(-1, *v_cache.shape[-2:])
+        flat_k.index_copy_(0, meta.slot_mapping, k)
+        flat_v.index_copy_(0, meta.slot_mapping, v)
+        qb = q[plan["q_index"]].transpose(1, 2)
+        kb = flat_k[plan["k_slots"]].transpose(1, 2)
+        vb = flat_v[plan["k_slots"]].transpose(1, 2)
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=plan["mask"], scale=scale,
+                                           enable_gqa=qb.shape[1] != kb.shape[1])
+        out.copy_(o.transpose(1, 2)[meta.token_seq, meta.token_pos])
+
+
+BACKENDS = {"torch": TorchPagedAttention}
+_active = TorchPagedAttention
+
+
+def select_backend(name: str):
+    global _active
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {sorted(BACKENDS)}")
+    _active = BACKENDS[name]
+    return _active
+
+
+def active_backend():
+    return _active

@@ -1,0 +1,53 @@
+"""The Qwen decoder stack shared by every family: embeddings, pre-norm blocks, final norm, deepstack adds."""
+import torch
+from torch import nn
+
+from .forward_context import get_context
+from .norm import RMSNorm
+from .rotary import MRotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+
+    def forward(self, x, residual, cos_sin):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos_sin)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class TextModel(nn.Module):
+    """forward(positions (3, N), input_ids | inputs_embeds) -> final hidden states (N, hidden)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, layers: list[nn.Module], eps: float,
+                 rotary: MRotaryEmbedding):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden_size, eps)
+        self.rotary = rotary
+
+    def forward(self, positions: torch.Tensor, input_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        cos, sin = self.rotary(positions)
+        cos_sin = (cos.to(x.dtype), sin.to(x.dtype))
+        deepstack = get_context().deepstack
+        residual = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, cos_sin)
+            if deepstack is not None and i < deepstack.shape[0]:
+                # Materialise the block output so the add happens exactly where HF's does.
+                x, residual = x + residual + deepstack[i, :x.shape[0]], None
+        if residual is None:
+            return self.norm(x)
+        return self.norm(x, residual)[0]

@@ -1,0 +1,47 @@
+"""Per-step batch metadata that the model runner fills before each forward.
+
+The model's forward sees only flat tensors; everything batch-shaped that attention or deepstack needs lives here,
+so no per-request Python runs inside `forward`.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Flat varlen layout: the step's N tokens belong to B sequences, queries first-to-last per sequence."""
+    cu_seqlens_q: torch.Tensor      # (B+1,) int32
+    seq_lens_k: torch.Tensor        # (B,) int32: KV length of each sequence after this step
+    block_tables: torch.Tensor      # (B, max_blocks) int32
+    slot_mapping: torch.Tensor      # (N,) int64: where each new token's K/V goes
+    token_seq: torch.Tensor         # (N,) int64: owning sequence of each token
+    token_pos: torch.Tensor         # (N,) int64: index of each token within its sequence's query chunk
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_size: int
+    plan: dict = field(default_factory=dict)  # backend-derived tensors, computed once per step
+
+
+@dataclass
+class ForwardContext:
+    attn: AttentionMetadata | None = None
+    # Deepstack features for this step: (levels, N, hidden) rows at visual tokens, zero elsewhere; None when the
+    # step carries no visual tokens.
+    deepstack: torch.Tensor | None = None
+
+
+_CONTEXT = ForwardContext()
+
+
+def get_context() -> ForwardContext:
+    return _CONTEXT
+
+
+def set_context(ctx: ForwardContext) -> None:
+    global _CONTEXT
+    _CONTEXT = ctx
+
+
+def reset_context() -> None:
+    set_context(ForwardContext())

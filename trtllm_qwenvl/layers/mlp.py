@@ -1,0 +1,38 @@
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * (1.702 * x).sigmoid(),
+}
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = ACTIVATIONS[act]
+        for p in self.gate_up_proj.parameters():
+            p.shards = {"gate": (0, intermediate_size), "up": (intermediate_size, intermediate_size)}
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class MLP(nn.Module):
+    """fc2(act(fc1(x))): the vision towers' plain MLP."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool = True):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.linear_fc2 = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x):
+        return self.linear_fc2(self.act(self.linear_fc1(x)))

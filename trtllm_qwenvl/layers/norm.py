@@ -1,0 +1,23 @@
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32; with `residual` it first adds it, fusing the residual add into the norm."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self.normalize(x)
+        x = x + residual
+        return self.normalize(x), x

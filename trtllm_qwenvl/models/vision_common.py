@@ -1,0 +1,78 @@
+"""Vision-tower pieces shared by the Qwen families: blocks, patch mergers, and the per-grid LRU cache."""
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layers.mlp import ACTIVATIONS
+from ..layers.vision_attention import Segments, VisionAttention
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp: nn.Module, norm: Callable[[int], nn.Module]):
+        super().__init__()
+        self.norm1 = norm(dim)
+        self.norm2 = norm(dim)
+        self.attn = VisionAttention(dim, num_heads)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cos_sin, segments: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos_sin, segments)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """Merges each merge x merge block of patches into one LM token: norm, then a 2-layer GELU MLP.
+
+    `postshuffle` norms the concatenated block (Qwen3-VL deepstack mergers) instead of each patch.
+    """
+
+    def __init__(self, dim: int, out_dim: int, merge: int, norm: Callable[[int], nn.Module],
+                 postshuffle: bool = False):
+        super().__init__()
+        self.hidden = dim * merge * merge
+        self.postshuffle = postshuffle
+        self.norm = norm(self.hidden if postshuffle else dim)
+        self.linear_fc1 = nn.Linear(self.hidden, self.hidden)
+        self.linear_fc2 = nn.Linear(self.hidden, out_dim)
+        self.act = ACTIVATIONS["gelu"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.view(-1, self.hidden)) if self.postshuffle else self.norm(x).view(-1, self.hidden)
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+def merge_order_hw(h: int, w: int, merge: int) -> np.ndarray:
+    """(h*w, 2) patch (row, col) in the processor's patch order: merge x merge blocks, row-major inside."""
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    shape = (h // merge, merge, w // merge, merge)
+    rows = rows.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+    cols = cols.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+    return np.stack([rows, cols], axis=-1)
+
+
+class GridCache:
+    """LRU of per-(t, h, w) tensors built once on the host and copied once to the device.
+
+    A repeated grid costs a dict lookup: no host index math and no H2D.
+    """
+
+    def __init__(self, build: Callable[[tuple[int, int, int]], dict], capacity: int = 256):
+        self.build = build
+        self.capacity = capacity
+        self.entries: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, grid: tuple[int, int, int]) -> dict:
+        if grid in self.entries:
+            self.hits += 1
+            self.entries.move_to_end(grid)
+            return self.entries[grid]
+        self.misses += 1
+        entry = self.entries[grid] = self.build(grid)
+        if len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+        return entry

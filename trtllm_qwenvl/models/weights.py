@@ -1,0 +1,116 @@
+"""Load HF safetensors checkpoints into our modules through an explicit per-family name map."""
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from ..utils.logging import logger
+
+# Published Qwen checkpoints come in two layouts: `visual.*` + `model.*` (Qwen2.5-VL) and
+# `model.visual.*` + `model.language_model.*` (Qwen3-VL, transformers >= 4.52 saves). Both normalise to ours.
+PREFIXES = [(r"^model\.visual\.", "visual."), (r"^model\.language_model\.", "language_model."),
+            (r"^model\.(?!language_model|visual)", "language_model.")]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Rename `pattern` -> `repl`; `shard` names a slice of a fused parameter; `transform` reshapes the tensor."""
+    pattern: str
+    repl: str
+    shard: str | None = None
+    transform: str | None = None
+
+
+LM_RULES = [
+    Rule(r"\.self_attn\.([qkv])_proj\.", r".self_attn.qkv_proj.", shard="\\1"),
+    Rule(r"\.mlp\.gate_proj\.", ".mlp.gate_up_proj.", shard="gate"),
+    Rule(r"\.mlp\.up_proj\.", ".mlp.gate_up_proj.", shard="up"),
+    Rule(r"\.mlp\.experts\.gate_up_proj$", ".mlp.w13", transform="experts"),
+    Rule(r"\.mlp\.experts\.down_proj$", ".mlp.w2", transform="experts"),
+]
+
+
+def iterate_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no safetensors weights found in {model_dir}")
+    for name in files:
+        with safe_open(model_dir / name, framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
+def normalise(name: str) -> str:
+    for pattern, repl in PREFIXES:
+        name, n = re.subn(pattern, repl, name)
+        if n:
+            break
+    return name
+
+
+def apply_rules(name: str, rules: list[Rule]) -> tuple[str, str | None, str | None]:
+    for rule in rules:
+        new, n = re.subn(rule.pattern, rule.repl, name)
+        if n:
+            shard = re.sub(rule.pattern, rule.shard, re.search(rule.pattern, name).group(0)) if rule.shard else None
+            return new, shard, rule.transform
+    return name, None, None
+
+
+def transform(tensor: torch.Tensor, kind: str | None, shape: torch.Size) -> torch.Tensor:
+    if kind == "conv_as_linear":
+        return tensor.reshape(tensor.shape[0], -1)
+    if kind == "experts" and tensor.shape != shape:
+        # HF stores Qwen3-VL-MoE experts as (E, in, out); a tensor already in our (E, out, in) is kept, as HF does.
+        return tensor.transpose(1, 2)
+    return tensor
+
+
+def copy_into(param: nn.Parameter, tensor: torch.Tensor, shard: str | None, name: str) -> None:
+    target = param.data
+    if shard is not None:
+        start, size = param.shards[shard]
+        target = target.narrow(0, start, size)
+    if target.shape != tensor.shape:
+        raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+    target.copy_(tensor)
+
+
+def load_weights(model: nn.Module, model_dir: str | Path, rules: list[Rule], skip: tuple[str, ...] = (),
+                 tied: dict[str, str] | None = None) -> None:
+    """Copy every checkpoint tensor into its parameter. Unknown and missing tensors are errors naming the tensor.
+
+    `skip` lists regexes of checkpoint tensors we do not use; `tied` maps parameters to the one they share.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    expected = {(n, s) for n, p in params.items() for s in (getattr(p, "shards", None) or [None])}
+    loaded = set()
+    skipped = 0
+    for raw, tensor in iterate_checkpoint(model_dir):
+        if any(re.search(p, raw) for p in skip):
+            skipped += 1
+            continue
+        name, shard, kind = apply_rules(normalise(raw), rules)
+        if tied and name in tied:
+            continue
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {raw!r} has no matching parameter (mapped to {name!r})")
+        param = params[name]
+        copy_into(param, transform(tensor, kind, param.shape).to(param.dtype), shard, raw)
+        loaded.add((name, shard))
+    missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded if not (tied and n in tied))
+    if missing:
+        raise ValueError(f"checkpoint {model_dir} lacks weights for: {', '.join(missing[:8])}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    if skipped:
+        logger.info("ignored %d checkpoint tensors matching %s", skipped, skip)
