@@ -62,6 +62,13 @@ class EngineLoop:
                 logger.exception("engine loop error")
                 continue
             for out in outputs:
-                callback = self.callbacks.pop(out.request_id) if out.finished else self.callbacks.get(out.request_id)
-                if callback is not None:
-                    callback(out)
+                self.deliver(out)
+
+    def deliver(self, out: RequestOutput) -> None:
+        callback = self.callbacks.pop(out.request_id, None) if out.finished else self.callbacks.get(out.request_id)
+        if callback is None:
+            return
+        try:
+            callback(out)
+        except Exception:  # a consumer that went away (closed event loop) must not stop the engine
+            logger.exception("output callback for %s failed", out.request_id)

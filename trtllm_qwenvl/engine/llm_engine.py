@@ -161,6 +161,7 @@ class LLMEngine:
         text, stop = detok.add(tok.token_id)
         reason = self.finish_reason(seq, tok.token_id, stop)
         if reason:
+            text += detok.flush()
             self.finish(seq, reason)
         return self.output(seq, text, [tok.token_id])
 

@@ -11,9 +11,10 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
     ranks = torch.arange(vocab, device=logits.device)
     drop = ranks[None, :] >= k[:, None]
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1, dtype=torch.float64)
     # Drop a token when the mass strictly before it already reaches top_p; the top token always stays.
-    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    # Rows with top_p == 1 are exempt: rounding in the running sum would otherwise cut the far tail.
+    drop |= ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1)
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 

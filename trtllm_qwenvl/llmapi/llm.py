@@ -43,6 +43,9 @@ class LLM:
         for _ in tqdm(seqs, desc="generate", disable=not use_tqdm or len(seqs) == 1):
             done.acquire()
         outs = [results[seq.request_id] for seq in seqs]
+        failed = [o for o in outs if o.error]
+        if failed:
+            raise RuntimeError(f"request {failed[0].request_id} failed: {failed[0].error}")
         return outs[0] if single else outs
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
@@ -59,7 +62,11 @@ class LLM:
         seq = self.engine.make_sequence(f"req-{next(_request_ids)}", prompt, sampling_params or SamplingParams())
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.loop.submit(seq, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        def deliver(out: RequestOutput):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, out)
+
+        self.loop.submit(seq, deliver)
         finished = False
         try:
             while not finished:
