@@ -1,7 +1,6 @@
 """Shared fixtures: tiny checkpoints, bundled media, and HF-transformers references on the same directories."""
 import pathlib
 
-import numpy as np
 import pytest
 import torch
 import transformers
@@ -108,8 +107,3 @@ def scenarios(processor, media) -> dict[str, dict]:
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-@pytest.fixture
-def frames_array():
-    return np.zeros((4, 64, 64, 3), dtype=np.uint8)

@@ -10,7 +10,7 @@ import torch
 
 from trtllm_qwenvl import LLM, SamplingParams
 
-from conftest import chat_prompt, hf_inputs
+from conftest import chat_prompt
 
 ARCH = "qwen3_vl"
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

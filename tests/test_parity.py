@@ -1,7 +1,6 @@
 """Parity with HF transformers on tiny random checkpoints: prefill logits and greedy tokens, per architecture,
 per scenario, and through the runtime's batching, chunked prefill, prefix caching and preemption."""
 import pytest
-import torch
 
 from trtllm_qwenvl import LLM, SamplingParams
 from trtllm_qwenvl.models import tiny
