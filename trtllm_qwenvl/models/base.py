@@ -4,7 +4,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..layers.decoder import TextModel
+from ..layers.attention import Attention
+from ..layers.decoder import DecoderLayer, TextModel
+from ..layers.mlp import GatedMLP
+from ..layers.rotary import MRotaryEmbedding
 from .weights import LM_RULES, Rule, load_weights
 
 
@@ -53,11 +56,6 @@ class VLForCausalLM(nn.Module):
 
 def build_text_model(text, *, qk_norm: bool, interleaved: bool, mlp_for_layer=None) -> TextModel:
     """The Qwen2/Qwen3 decoder from an HF text config; `mlp_for_layer(i)` overrides the dense MLP (MoE)."""
-    from ..layers.attention import Attention
-    from ..layers.decoder import DecoderLayer
-    from ..layers.mlp import GatedMLP
-    from ..layers.rotary import MRotaryEmbedding
-
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     rope = text.rope_parameters
     rotary = MRotaryEmbedding(head_dim, text.max_position_embeddings, rope["rope_theta"], rope["mrope_section"],
