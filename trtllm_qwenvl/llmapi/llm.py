@@ -62,6 +62,8 @@ class LLM:
         seq = self.engine.make_sequence(f"req-{next(_request_ids)}", prompt, sampling_params or SamplingParams())
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        # An abort's final output can arrive after the caller's event loop has closed: drop it quietly.
         def deliver(out: RequestOutput):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(queue.put_nowait, out)
