@@ -19,6 +19,12 @@ setup(
         "xxhash",
         "pyyaml",
         "jinja2",
+        "fastapi",
+        "uvicorn",
+        "pydantic>=2",
+        "prometheus-client",
+        "httpx",
     ],
+    extras_require={"client": ["openai"]},
     entry_points={"console_scripts": ["trtllm-qwenvl=trtllm_qwenvl.cli:main"]},
 )

@@ -2,8 +2,9 @@
 import sys
 
 from .models import tiny
+from .serve import cli as serve
 
-COMMANDS = {"make-tiny": tiny.main}
+COMMANDS = {"make-tiny": tiny.main, "serve": serve.main}
 
 
 def main(argv=None) -> None:

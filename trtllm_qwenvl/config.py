@@ -10,12 +10,36 @@ class KvCacheConfig:
     tokens_per_block: int = 32
     free_gpu_memory_fraction: float = 0.9
     max_tokens: int | None = None  # cap on the pool; on CPU the pool's size
+    # Hybrid models (Qwen3.5): linear-attention state snapshots kept for prefix reuse (LRU); each costs one
+    # sequence's state (about 50 MiB for Qwen3.5-9B).
+    max_state_snapshots: int = 32
 
     def __post_init__(self):
         if self.tokens_per_block <= 0:
             raise ValueError(f"tokens_per_block must be positive, got {self.tokens_per_block}")
+        if self.max_state_snapshots < 0:
+            raise ValueError(f"max_state_snapshots must be >= 0, got {self.max_state_snapshots}")
         if not 0 < self.free_gpu_memory_fraction <= 1:
             raise ValueError(f"free_gpu_memory_fraction must be in (0, 1], got {self.free_gpu_memory_fraction}")
+
+
+@dataclass
+class CudaGraphConfig:
+    """Decode CUDA graphs at padded batch sizes (trtllm's `cuda_graph_config`)."""
+    batch_sizes: list[int] | None = None
+    max_batch_size: int = 0
+    enable_padding: bool = False
+
+
+@dataclass
+class TorchCompileConfig:
+    """Piecewise CUDA graphs for the LM body in prefill (trtllm's `torch_compile_config`)."""
+    enable_piecewise_cuda_graph: bool = False
+    capture_num_tokens: list[int] | None = None
+
+
+NESTED = {"kv_cache_config": KvCacheConfig, "cuda_graph_config": CudaGraphConfig,
+          "torch_compile_config": TorchCompileConfig}
 
 
 @dataclass
@@ -30,6 +54,19 @@ class LlmArgs:
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
     device: str | None = None
     attn_backend: str = "torch"
+    cuda_graph_config: CudaGraphConfig | None = None
+    torch_compile_config: TorchCompileConfig | None = None
+    # Media rules, named as in vLLM. Local files (file:// or bare paths) are read only under
+    # `allowed_local_media_path`; http(s) only with `allow_remote_media`.
+    allowed_local_media_path: str | None = None
+    allow_remote_media: bool = False
+    media_fetch_timeout: float = 10.0
+    max_media_bytes: int = 64 << 20
+    max_media_pixels: int | None = None
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    media_io_kwargs: dict[str, dict] = field(default_factory=dict)
+    disable_vision_encoder: bool = False
+    preprocess_workers: int = 4
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "LlmArgs":
@@ -37,12 +74,20 @@ class LlmArgs:
         unknown = set(kwargs) - known
         if unknown:
             raise ValueError(f"unknown LLM arguments: {sorted(unknown)}")
-        kv = kwargs.get("kv_cache_config")
-        if isinstance(kv, dict):
-            kwargs["kv_cache_config"] = KvCacheConfig(**kv)
-        elif kv is None:
-            kwargs.pop("kv_cache_config", None)
+        for name, config_cls in NESTED.items():
+            value = kwargs.get(name)
+            if isinstance(value, dict):
+                kwargs[name] = nested(config_cls, name, value)
+        if kwargs.get("kv_cache_config", 0) is None:
+            kwargs.pop("kv_cache_config")
         return cls(**kwargs)
+
+    def __post_init__(self):
+        unknown = set(self.limit_mm_per_prompt) - {"image", "video"}
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt has unknown modalities {sorted(unknown)}; use image and video")
+        if self.preprocess_workers <= 0:
+            raise ValueError(f"preprocess_workers must be positive, got {self.preprocess_workers}")
 
     def torch_device(self) -> torch.device:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -57,3 +102,11 @@ class LlmArgs:
         if self.dtype not in names:
             raise ValueError(f"unsupported dtype {self.dtype!r}; use auto or one of {sorted(names)}")
         return names[self.dtype]
+
+
+def nested(config_cls, name: str, value: dict):
+    known = {f.name for f in fields(config_cls)}
+    unknown = set(value) - known
+    if unknown:
+        raise ValueError(f"unknown {name} keys: {sorted(unknown)}; known: {sorted(known)}")
+    return config_cls(**value)

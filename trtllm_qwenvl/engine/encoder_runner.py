@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from ..models.base import VisionOutput
+from ..utils.device_timer import DeviceTimer
 from ..utils.h2d import async_tensor_h2d
 from ..utils.nvtx import nvtx_range
 from .scheduler import ScheduledSeq
@@ -30,7 +31,7 @@ class EncoderRunner:
         self.device = device
         self.cache: dict[int, VisionOutput] = {}
         self.users: dict[int, set[int]] = {}
-        self.encode_seconds = 0.0
+        self.timer = DeviceTimer(device)
         self.items_encoded = 0
 
     def items_in(self, batch: list[ScheduledSeq]):
@@ -55,7 +56,7 @@ class EncoderRunner:
         return self.gather(needed, batch)
 
     def encode(self, items: list[MMItem]) -> None:
-        with nvtx_range("vision_encode"):
+        with nvtx_range("vision_encode"), self.timer.time():
             pixels = torch.cat([item.pixel_values for item in items])
             out = self.model.encode(async_tensor_h2d(pixels, pixels.dtype, self.device),
                                     [item.grid_thw for item in items])

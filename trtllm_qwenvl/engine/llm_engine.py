@@ -1,6 +1,7 @@
 """The engine: owns the model, KV pool, scheduler and runners; turns requests into steps and steps into outputs."""
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -16,11 +17,25 @@ from ..utils.nvtx import nvtx_range
 from .detokenizer import IncrementalDetokenizer
 from .encoder_runner import EncoderRunner
 from .kv_cache import BlockManager
+from .state_pool import build_state_pool
 from .model_runner import ModelRunner, SampledToken, kv_bytes_per_token
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
 CPU_DEFAULT_KV_TOKENS = 65536
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    vision_encoder_seconds: float
+    vision_items_encoded: int
 
 
 def eos_token_ids(model_dir: str, tokenizer) -> set[int]:
@@ -43,6 +58,9 @@ def build_model(args: LlmArgs, hf_config, device: torch.device, dtype: torch.dty
             model = cls(hf_config)
     finally:
         torch.set_default_dtype(previous)
+    if args.disable_vision_encoder:  # text-only serving of a VL checkpoint: drop the tower before its weights load
+        model.visual = None
+        model.skip_weights = (*model.skip_weights, "visual.")
     model.load(args.model)
     return model.eval()
 
@@ -61,15 +79,24 @@ class LLMEngine:
         self.eos_ids = eos_token_ids(args.model, self.tokenizer)
         self.max_seq_len = args.max_seq_len or hf_config.text_config.max_position_embeddings
         kv = args.kv_cache_config
+        # Before sizing the KV pool, so on GPU the free memory it measures excludes the linear-attention state.
+        self.state_pool = build_state_pool(self.model, args.max_batch_size,
+                                           kv.max_state_snapshots if kv.enable_block_reuse else 0, self.device,
+                                           self.dtype)
         num_blocks = self.count_kv_blocks()
-        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse)
-        self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill)
+        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse,
+                                   self.state_pool.snapshots if self.state_pool else None)
+        self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill,
+                                   self.state_pool)
         self.encoder = EncoderRunner(self.model, self.device)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens)
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)
+        for name in ("cuda_graph_config", "torch_compile_config"):
+            if getattr(args, name) is not None:
+                logger.warning("%s is accepted but CUDA graphs are not built yet: every step runs eagerly", name)
 
     def count_kv_blocks(self) -> int:
         kv = self.args.kv_cache_config
@@ -90,9 +117,13 @@ class LLMEngine:
     def make_sequence(self, request_id: str, prompt, params: SamplingParams) -> Sequence:
         """Validate and preprocess a request. Raises ValueError; touches no engine state, so it is thread-safe."""
         params.validate()
+        if self.args.disable_vision_encoder and isinstance(prompt, dict) and prompt.get("multi_modal_data"):
+            raise ValueError("this engine runs with the vision encoder disabled; media inputs are not accepted")
         start = time.perf_counter()
         processed = self.processor(prompt)
         length = len(processed.token_ids)
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=max(self.max_seq_len - length, 1))
         if length + params.max_tokens > self.max_seq_len:
             raise ValueError(f"the prompt has {length} tokens; with max_tokens={params.max_tokens} it exceeds "
                              f"max_seq_len={self.max_seq_len}")
@@ -124,6 +155,13 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def stats(self) -> EngineStats:
+        """A snapshot for monitoring; safe to read from another thread (plain counters and lengths)."""
+        blocks = self.blocks
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), blocks.num_blocks,
+                           blocks.num_blocks - blocks.num_free_blocks, blocks.queried_tokens, blocks.hit_tokens,
+                           self.scheduler.num_preemptions, self.encoder.timer.seconds(), self.encoder.items_encoded)
 
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -66,14 +66,14 @@ class InputProcessor:
         check_placeholders(text, media)
         if not media:
             return self.text_only(self.tokenizer(text)["input_ids"], text)
-        return self.multimodal(text, media)
+        return self.multimodal(text, media, media_uuids(prompt, media))
 
     def text_only(self, token_ids: list[int], text: str | None) -> ProcessedPrompt:
         if not token_ids:
             raise ValueError("the prompt is empty")
         return ProcessedPrompt(token_ids, [], text_positions(len(token_ids)), 0, text)
 
-    def multimodal(self, text: str, media: dict) -> ProcessedPrompt:
+    def multimodal(self, text: str, media: dict, uuids: dict) -> ProcessedPrompt:
         images = media.get("image", [])
         videos = [Video.of(v) for v in media.get("video", [])]
         kwargs = {}
@@ -93,11 +93,11 @@ class InputProcessor:
         video_grids = out["video_grid_thw"].numpy() if videos else None
         seconds = np.asarray(out["second_per_grid_ts"], dtype=np.float64) if "second_per_grid_ts" in out else None
         positions, delta = get_rope_index(self.spec, ids, image_grids, video_grids, seconds)
-        items = self.items(ids, "image", out.get("pixel_values"), image_grids, None) + \
-            self.items(ids, "video", out.get("pixel_values_videos"), video_grids, seconds)
+        items = self.items(ids, "image", out.get("pixel_values"), image_grids, None, uuids.get("image")) + \
+            self.items(ids, "video", out.get("pixel_values_videos"), video_grids, seconds, uuids.get("video"))
         return ProcessedPrompt(ids.tolist(), items, positions, delta, text)
 
-    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds) -> list[MMItem]:
+    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds, uuids) -> list[MMItem]:
         if grids is None:
             return []
         token = self.spec.image_token_id if modality == "image" else self.spec.video_token_id
@@ -109,9 +109,22 @@ class InputProcessor:
             n_patches, n_tokens = int(np.prod(grid)), int(np.prod(grid)) // merge
             px = pixels[patch:patch + n_patches].contiguous()
             extra = float(seconds[i]) if seconds is not None else 0.0
-            items.append(MMItem(modality, px, grid, places[tok:tok + n_tokens], hash_media(modality, px, grid, extra)))
+            key = hash_media(modality, px, grid, extra, uuids[i] if uuids else None)
+            items.append(MMItem(modality, px, grid, places[tok:tok + n_tokens], key))
             patch, tok = patch + n_patches, tok + n_tokens
         return items
+
+
+def media_uuids(prompt: dict, media: dict) -> dict[str, list]:
+    """Client content ids per modality, one per item (None: hash the pixels)."""
+    uuids = {k: as_list(v) for k, v in (prompt.get("multi_modal_uuids") or {}).items()}
+    for modality, ids in uuids.items():
+        if len(ids) != len(media.get(modality, [])):
+            raise ValueError(f"multi_modal_uuids has {len(ids)} {modality} id(s) for "
+                             f"{len(media.get(modality, []))} {modality}(s)")
+        if any(u is not None and not isinstance(u, str) for u in ids):
+            raise ValueError("multi_modal_uuids entries must be strings or None")
+    return uuids
 
 
 def check_placeholders(text: str, media: dict) -> None:

@@ -1,10 +1,11 @@
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
 class SamplingParams:
     """Per-request decoding controls, named as in vLLM and TensorRT-LLM's LLM API."""
-    max_tokens: int = 32
+    max_tokens: int | None = 32          # None: up to max_seq_len, as OpenAI servers do
+    n: int = 1                           # completions per prompt; each is its own sequence
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                       # 0 or -1: off
@@ -23,8 +24,10 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be a positive integer, got {self.n}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -33,6 +36,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+
+    def for_child(self, index: int) -> "SamplingParams":
+        """The params of completion `index` of n: seeded children get distinct, reproducible seeds."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:
