@@ -24,12 +24,13 @@ done
 head -1 "$WORK/server.log"
 
 # aiperf resolves the tokenizer through huggingface_hub; a local path needs no network, but HF_HUB_OFFLINE must
-# be unset for its loader.
+# be unset for its loader. Token counts come from the server's usage: re-tokenizing random-weight text on the client
+# does not round-trip.
 env -u HF_HUB_OFFLINE "$AIPERF_VENV/bin/aiperf" profile --model tiny-vl --url "http://127.0.0.1:$PORT" \
   --endpoint-type chat --streaming --request-count 64 --concurrency 8 --tokenizer "$CKPT" \
   --prompt-input-tokens-mean 200 --prompt-input-tokens-stddev 0 --output-tokens-mean 32 --output-tokens-stddev 0 \
   --extra-inputs ignore_eos:true --image-width-mean 224 --image-height-mean 224 --image-batch-size 1 \
-  --random-seed 0 --ui-type none --artifact-dir "$WORK/artifacts" | tee "$WORK/aiperf.txt"
+  --use-server-token-count --random-seed 0 --ui-type none --artifact-dir "$WORK/artifacts" | tee "$WORK/aiperf.txt"
 
 .venv/bin/python - "$WORK" "$PORT" <<'PY'
 import datetime, json, pathlib, platform, re, subprocess, sys, urllib.request
@@ -43,6 +44,7 @@ commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=
 table = (work / "aiperf.txt").read_text()
 date = datetime.date.today().isoformat()
 out = pathlib.Path("perf/results") / f"aiperf_smoke_{platform.node() or 'cpu'}_{date}.md"
+out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(f"# aiperf smoke: tiny Qwen2.5-VL on CPU, {date}, commit {commit}\n\n"
                "64 streamed chat requests at concurrency 8, one 224x224 image + ~200 text tokens each, 32 output "
                "tokens (ignore_eos), aiperf 0.13.0.\n\n"
