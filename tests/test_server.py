@@ -157,6 +157,22 @@ def test_completions_text_and_token_ids_match_hf(client, ref):
     assert by_ids.usage.prompt_tokens == len(ids)
 
 
+def test_batched_completions_stream_like_they_return(client):
+    """Two prompts x n=2 seeded samples: choices are numbered prompt by prompt, and the streamed deltas of each
+    choice add up to the same text as the non-streamed response."""
+    args = dict(model=MODEL, prompt=["Once upon a time", "The weather"], max_tokens=6, n=2, seed=3, temperature=1.0)
+    full = client.completions.create(**args)
+    streamed = {}
+    for chunk in client.completions.create(**args, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [c.index for c in full.choices] == [0, 1, 2, 3]
+    assert streamed == {c.index: c.text for c in full.choices}
+    assert full.usage.completion_tokens == 24
+    echoed = client.completions.create(model=MODEL, prompt="Echo me", max_tokens=2, echo=True, **GREEDY)
+    assert echoed.choices[0].text.startswith("Echo me")
+
+
 def test_n_seeded_samples_are_distinct_and_reproducible(client):
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8, n=3,
                 seed=7, temperature=1.0)

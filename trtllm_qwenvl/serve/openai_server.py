@@ -5,7 +5,6 @@ and writes responses. Every bad input is a 400 with an OpenAI error body; a clie
 aborted, which frees its KV blocks.
 """
 import asyncio
-import json
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -13,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from ..engine.sequence import Sequence
 from ..llmapi.llm import LLM
@@ -35,9 +35,8 @@ def error_response(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-def sse(payload) -> str:
-    data = payload.model_dump_json(exclude_none=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
-    return f"data: {data}\n\n"
+def sse(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json(exclude_none=True)}\n\n"
 
 
 class Completion:
@@ -143,38 +142,27 @@ class OpenAIServer:
                                 stop_reason=c.stop_reason, logprobs=self.chat_logprobs(c.logprobs, body))
                      for i, c in enumerate(choices)])
 
-    async def chat_stream(self, body: ChatCompletionRequest, request_id: str, seqs: list[Sequence],
-                          timer: RequestTimer) -> AsyncIterator[str]:
-        chunk = lambda choice, u=None: sse(ChatCompletionChunk(id=request_id, model=self.model_name,  # noqa: E731
-                                                               choices=choice, usage=u))
-        for i in range(len(seqs)):
-            yield chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))])
-        choices = [Completion() for _ in seqs]
-        try:
-            async for out in self.relay([seqs], choices, timer):
-                c = out.outputs[0]
-                new = choices[c.index].logprobs[len(choices[c.index].logprobs) - len(c.token_ids_diff):]
-                if c.text_diff or c.finish_reason or new:
-                    yield chunk([ChatChunkChoice(index=c.index, delta=Delta(content=c.text_diff),
-                                                 logprobs=self.chat_logprobs(new, body),
-                                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
-        except ApiError as e:
-            yield sse(ErrorResponse(error=ErrorBody(message=e.message, type=e.kind, code=e.status)))
-            return
-        if body.include_usage:
-            yield chunk([], usage([seqs], choices))
-        yield "data: [DONE]\n\n"
+    def chat_stream(self, body: ChatCompletionRequest, request_id: str, seqs: list[Sequence],
+                    timer: RequestTimer) -> AsyncIterator[str]:
+        def chunk(choices: list[ChatChunkChoice], u: Usage | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=request_id, model=self.model_name, choices=choices, usage=u)
+
+        def delta(c, new_logprobs) -> ChatCompletionChunk:
+            return chunk([ChatChunkChoice(index=c.index, delta=Delta(content=c.text_diff),
+                                          logprobs=self.chat_logprobs(new_logprobs, body),
+                                          finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+
+        head = [chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))]) for i in range(len(seqs))]
+        return self.events([seqs], timer, head, delta, (lambda u: chunk([], u)) if body.include_usage else None)
 
     def chat_logprobs(self, entries: list[dict[int, float]], body: ChatCompletionRequest) -> ChatLogprobs | None:
         if not body.logprobs:
             return None
-        k = body.top_logprobs or 0
         content = []
         for entry in entries:
-            token_id, logprob = next(iter(entry.items()))
-            top = sorted(entry.items(), key=lambda kv: -kv[1])[:k]
-            content.append(TokenLogprob(**self.token_info(token_id, logprob),
-                                        top_logprobs=[TopLogprob(**self.token_info(t, lp)) for t, lp in top]))
+            token_id, logprob = next(iter(entry.items()))  # the sampled token comes first
+            top = [TopLogprob(**self.token_info(t, lp)) for t, lp in top_k(entry, body.top_logprobs or 0)]
+            content.append(TokenLogprob(**self.token_info(token_id, logprob), top_logprobs=top))
         return ChatLogprobs(content=content)
 
     def token_info(self, token_id: int, logprob: float) -> dict:
@@ -203,61 +191,68 @@ class OpenAIServer:
         return CompletionResponse(
             id=request_id, model=self.model_name, usage=usage(groups, choices),
             choices=[CompletionChoice(index=i, text=self.echo(body, seqs[i]) + c.text, finish_reason=c.finish_reason,
-                                      stop_reason=c.stop_reason, logprobs=self.completion_logprobs(c, body))
+                                      stop_reason=c.stop_reason,
+                                      logprobs=self.completion_logprobs(c.token_ids, c.logprobs, body))
                      for i, c in enumerate(choices)])
 
-    async def completion_stream(self, body: CompletionRequest, request_id: str, groups: list[list[Sequence]],
-                                timer: RequestTimer) -> AsyncIterator[str]:
-        chunk = lambda choice, u=None: sse(CompletionResponse(id=request_id, model=self.model_name,  # noqa: E731
-                                                              choices=choice, usage=u))
+    def completion_stream(self, body: CompletionRequest, request_id: str, groups: list[list[Sequence]],
+                          timer: RequestTimer) -> AsyncIterator[str]:
+        def chunk(choices: list[CompletionChoice], u: Usage | None = None) -> CompletionResponse:
+            return CompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=u)
+
+        def delta(c, new_logprobs) -> CompletionResponse:
+            return chunk([CompletionChoice(index=c.index, text=c.text_diff, finish_reason=c.finish_reason,
+                                           stop_reason=c.stop_reason,
+                                           logprobs=self.completion_logprobs(c.token_ids_diff, new_logprobs, body))])
+
         seqs = [s for g in groups for s in g]
-        choices = [Completion() for _ in seqs]
-        if body.echo:
-            for i, s in enumerate(seqs):
-                yield chunk([CompletionChoice(index=i, text=self.echo(body, s))])
-        try:
-            async for out in self.relay(groups, choices, timer):
-                c = out.outputs[0]
-                if c.text_diff or c.finish_reason:
-                    partial = Completion()
-                    partial.logprobs = choices[c.index].logprobs[len(choices[c.index].logprobs)
-                                                                 - len(c.token_ids_diff):]
-                    partial.token_ids = c.token_ids_diff
-                    yield chunk([CompletionChoice(index=c.index, text=c.text_diff, finish_reason=c.finish_reason,
-                                                  stop_reason=c.stop_reason,
-                                                  logprobs=self.completion_logprobs(partial, body))])
-        except ApiError as e:
-            yield sse(ErrorResponse(error=ErrorBody(message=e.message, type=e.kind, code=e.status)))
-            return
-        if body.include_usage:
-            yield chunk([], usage(groups, choices))
-        yield "data: [DONE]\n\n"
+        head = [chunk([CompletionChoice(index=i, text=self.echo(body, s))]) for i, s in enumerate(seqs)] \
+            if body.echo else []
+        return self.events(groups, timer, head, delta, (lambda u: chunk([], u)) if body.include_usage else None)
 
     def echo(self, body: CompletionRequest, seq: Sequence) -> str:
         if not body.echo:
             return ""
         return seq.prompt.prompt if seq.prompt.prompt is not None else self.tokenizer.decode(seq.prompt.token_ids)
 
-    def completion_logprobs(self, c: Completion, body: CompletionRequest) -> CompletionLogprobs | None:
+    def completion_logprobs(self, token_ids: list[int], entries: list[dict[int, float]],
+                            body: CompletionRequest) -> CompletionLogprobs | None:
         if body.logprobs is None:
             return None
         out = CompletionLogprobs()
         offset = 0
-        for token_id, entry in zip(c.token_ids, c.logprobs):
+        for token_id, entry in zip(token_ids, entries):
             info = self.token_info(token_id, entry[token_id])
             out.tokens.append(info["token"])
             out.token_logprobs.append(info["logprob"])
-            top = sorted(entry.items(), key=lambda kv: -kv[1])[:body.logprobs]
-            out.top_logprobs.append({self.token_info(t, lp)["token"]: lp for t, lp in top})
+            out.top_logprobs.append({self.token_info(t, lp)["token"]: lp for t, lp in top_k(entry, body.logprobs)})
             out.text_offset.append(offset)
             offset += len(info["token"])
         return out
 
     # ---- running --------------------------------------------------------------------------------------------
-    async def relay(self, groups: list[list[Sequence]], choices: list[Completion],
-                    timer: RequestTimer) -> AsyncIterator[RequestOutput]:
-        """Streams every prompt's sequences, merged, each output tagged with its choice index; records metrics; an
-        engine failure becomes an ApiError. Leaving early (a disconnect) aborts whatever is unfinished."""
+    async def events(self, groups: list[list[Sequence]], timer: RequestTimer, head: list, delta,
+                     usage_chunk) -> AsyncIterator[str]:
+        """The SSE body chat and completions share: `head` chunks, one `delta(output, new_logprobs)` chunk per
+        change, an error event if the engine fails the request, the usage chunk when asked for, then [DONE]."""
+        for chunk in head:
+            yield sse(chunk)
+        choices = [Completion() for g in groups for _ in g]
+        try:
+            async for c, new_logprobs in self.relay(groups, choices, timer):
+                if c.text_diff or c.finish_reason or new_logprobs:
+                    yield sse(delta(c, new_logprobs))
+        except ApiError as e:
+            yield sse(ErrorResponse(error=ErrorBody(message=e.message, type=e.kind, code=e.status)))
+            return
+        if usage_chunk is not None:
+            yield sse(usage_chunk(usage(groups, choices)))
+        yield "data: [DONE]\n\n"
+
+    async def relay(self, groups: list[list[Sequence]], choices: list[Completion], timer: RequestTimer):
+        """Streams every prompt's sequences, merged; yields each completion output, tagged with its choice index,
+        with the logprob entries of its new tokens. Records metrics. An engine failure becomes an ApiError. Leaving
+        early (a disconnect) aborts whatever is unfinished."""
         offsets = [sum(len(g) for g in groups[:i]) for i in range(len(groups))]
         finished = False
         try:
@@ -267,8 +262,7 @@ class OpenAIServer:
                     raise ApiError(500, f"the request failed: {out.error}", "InternalServerError")
                 c = out.outputs[0]
                 timer.tokens(c.index, len(c.token_ids_diff))
-                choices[c.index].add(c)
-                yield out
+                yield c, choices[c.index].add(c)
             finished = True
         finally:
             timer.finished([c.finish_reason if finished else "abort" for c in choices],
@@ -279,6 +273,11 @@ class OpenAIServer:
         async for _ in self.relay(groups, choices, timer):
             pass
         return choices
+
+
+def top_k(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens of a logprob entry (the sampled token plus the engine's top logprobs)."""
+    return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
 
 
 async def offset_index(stream: AsyncIterator[RequestOutput], offset: int) -> AsyncIterator[RequestOutput]:
