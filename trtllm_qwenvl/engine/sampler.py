@@ -35,9 +35,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     device = logits.device
     params = [seq.params for seq in seqs]
     temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
-    top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    probs = apply_top_k_top_p(logits / temps[:, None], top_k, top_p).softmax(-1)
+    scaled = logits / temps[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):  # the full-vocab sort is the sampler's costliest op
+        top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        scaled = apply_top_k_top_p(scaled, top_k, top_p)
+    probs = scaled.softmax(-1)
     sampled = (probs / exponential_noise(probs.shape, seqs, device)).argmax(-1)
     is_greedy = torch.tensor([p.greedy for p in params], device=device)
     return torch.where(is_greedy, greedy, sampled)
