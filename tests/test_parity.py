@@ -5,7 +5,7 @@ import pytest
 from trtllm_qwenvl import LLM, SamplingParams
 from trtllm_qwenvl.models import tiny
 
-from conftest import hf_inputs, relative_error, scenarios
+from conftest import chat_prompt, hf_inputs, relative_error, scenarios
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 SCENARIOS = ("text", "image", "two_images", "video", "image_video")
@@ -99,6 +99,20 @@ def test_different_image_no_false_hit(llm, ref, prompts, media):
     assert out.outputs[0].token_ids == ref.greedy(other)
 
 
+def test_hybrid_prefix_hit_restores_the_image_snapshot(arch, llm, ref, prompts):
+    """Hybrids reuse a prefix only where a linear-attention state snapshot exists: a new question about the same
+    image restores the one saved at the last block boundary of the image."""
+    if arch not in tiny.HYBRID_ARCHS:
+        pytest.skip("attention-only models reuse any cached block")
+    llm.generate(prompts["image"], GREEDY, use_tqdm=False)
+    question = dict(prompts["image"], prompt=chat_prompt(ref.processor, ["image"], "What colour dominates?"))
+    out = llm.generate(question, GREEDY, use_tqdm=False)
+    ids, image = out.prompt_token_ids, llm.engine.processor.spec.image_token_id
+    image_end = len(ids) - ids[::-1].index(image)
+    assert 0 < out.num_cached_tokens == image_end // 16 * 16
+    assert out.outputs[0].token_ids == ref.greedy(question)
+
+
 def test_preemption(arch, checkpoints, ref, prompts):
     # A pool that fits the longest request alone, but not the batch.
     longest = max(hf_inputs(ref.processor, prompts[n])["input_ids"].shape[1] for n in SCENARIOS) + 32
@@ -107,7 +121,10 @@ def test_preemption(arch, checkpoints, ref, prompts):
         preemptions = llm.engine.scheduler.num_preemptions
         free_after = llm.engine.blocks.num_free_blocks
         total = llm.engine.blocks.num_blocks
+        pool = llm.engine.state_pool
+        free_slots = len(pool.free_slots) if pool else llm.args.max_batch_size
     assert preemptions > 0
     assert free_after == total
+    assert free_slots == llm.args.max_batch_size
     for name, out in zip(SCENARIOS, outs):
         assert out.outputs[0].token_ids == ref.greedy(prompts[name]), name

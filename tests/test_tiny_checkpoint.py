@@ -11,11 +11,22 @@ from trtllm_qwenvl.models import tiny
 
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parents[1] / "examples" / "media" / "sample.mp4"
 
-TIED = {"qwen2_5_vl": False, "qwen3_vl": True, "qwen3_vl_moe": False}
-# 224 / 14 = 16 patches a side for Qwen2.5-VL, 224 / 16 = 14 for Qwen3-VL; 2x2 patches per token.
-IMAGE_TOKENS = {"qwen2_5_vl": 64, "qwen3_vl": 49, "qwen3_vl_moe": 49}
+TIED = {"qwen2_5_vl": False, "qwen3_vl": True, "qwen3_vl_moe": False, "qwen3_5": False, "qwen3_5_moe": False}
+# 224 / 14 = 16 patches a side for Qwen2.5-VL, 224 / 16 = 14 for Qwen3-VL and Qwen3.5; 2x2 patches per token.
+IMAGE_TOKENS = {"qwen2_5_vl": 64, "qwen3_vl": 49, "qwen3_vl_moe": 49, "qwen3_5": 49, "qwen3_5_moe": 49}
 # 8 frames -> 4 temporal groups; 128 px rounds to 140 (10 patches) for Qwen2.5-VL, stays 128 (8) for Qwen3-VL.
-VIDEO_TOKENS = {"qwen2_5_vl": 100, "qwen3_vl": 64, "qwen3_vl_moe": 64}
+VIDEO_TOKENS = {"qwen2_5_vl": 100, "qwen3_vl": 64, "qwen3_vl_moe": 64, "qwen3_5": 64, "qwen3_5_moe": 64}
+# Special-token ids: the Qwen2/Qwen3 tokenizer's, and the 248k Qwen3.5 one's (as in Qwen3_5Config).
+IDS = {
+    "qwen2": {"image": 151655, "video": 151656, "vision_start": 151652, "vision_end": 151653, "im_start": 151644,
+              "im_end": 151645},
+    "qwen3_5": {"image": 248056, "video": 248057, "vision_start": 248053, "vision_end": 248054, "im_start": 248045,
+                "im_end": 248046},
+}
+
+
+def ids_of(arch):
+    return IDS["qwen3_5" if arch in tiny.HYBRID_ARCHS else "qwen2"]
 
 
 @pytest.fixture(scope="module", params=tiny.ARCHS)
@@ -24,8 +35,8 @@ def arch(request):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(arch, tmp_path_factory):
-    return tiny.make_tiny(arch, tmp_path_factory.mktemp(arch), seed=0)
+def checkpoint(arch, checkpoints):
+    return checkpoints(arch)
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +85,17 @@ def test_tied_embeddings(arch, checkpoint):
     assert tied == model.config.tie_word_embeddings == TIED[arch]
 
 
-def test_tokenizer_ids_match_config(checkpoint, processor):
+def test_tokenizer_ids_match_config(arch, checkpoint, processor):
     config = transformers.AutoConfig.from_pretrained(checkpoint, local_files_only=True)
     tokenizer = processor.tokenizer
-    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == config.image_token_id == 151655
-    assert tokenizer.convert_tokens_to_ids("<|video_pad|>") == config.video_token_id == 151656
-    assert tokenizer.convert_tokens_to_ids("<|vision_start|>") == config.vision_start_token_id == 151652
-    assert tokenizer.convert_tokens_to_ids("<|vision_end|>") == config.vision_end_token_id == 151653
-    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [151644, 151645]
+    ids = ids_of(arch)
+    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == config.image_token_id == ids["image"]
+    assert tokenizer.convert_tokens_to_ids("<|video_pad|>") == config.video_token_id == ids["video"]
+    assert tokenizer.convert_tokens_to_ids("<|vision_start|>") == config.vision_start_token_id == ids["vision_start"]
+    assert tokenizer.convert_tokens_to_ids("<|vision_end|>") == config.vision_end_token_id == ids["vision_end"]
+    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [ids["im_start"], ids["im_end"]]
     generation = transformers.GenerationConfig.from_pretrained(checkpoint, local_files_only=True)
-    assert generation.eos_token_id == tokenizer.eos_token_id == 151645
+    assert generation.eos_token_id == tokenizer.eos_token_id == ids["im_end"]
 
 
 def test_image_expands_to_merged_patches(arch, processor):
@@ -91,7 +103,7 @@ def test_image_expands_to_merged_patches(arch, processor):
     assert prompt.count("<|vision_start|><|image_pad|><|vision_end|>") == 1
     image = Image.new("RGB", (224, 224), (200, 80, 30))
     inputs = processor(text=[prompt], images=[image], return_tensors="pt")
-    num_pads = int((inputs["input_ids"] == 151655).sum())
+    num_pads = int((inputs["input_ids"] == ids_of(arch)["image"]).sum())
     assert num_pads == int(inputs["image_grid_thw"].prod()) // 4 == IMAGE_TOKENS[arch]
 
 
@@ -101,4 +113,5 @@ def test_sample_video_is_not_resampled(arch, processor):
         text=[user_prompt(processor, "video")], videos=[frames], video_metadata=[metadata], return_tensors="pt"
     )
     assert inputs["video_grid_thw"][0, 0] == len(frames) // 2
-    assert int((inputs["input_ids"] == 151656).sum()) == int(inputs["video_grid_thw"].prod()) // 4 == VIDEO_TOKENS[arch]
+    num_pads = int((inputs["input_ids"] == ids_of(arch)["video"]).sum())
+    assert num_pads == int(inputs["video_grid_thw"].prod()) // 4 == VIDEO_TOKENS[arch]

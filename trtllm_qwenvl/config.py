@@ -10,10 +10,15 @@ class KvCacheConfig:
     tokens_per_block: int = 32
     free_gpu_memory_fraction: float = 0.9
     max_tokens: int | None = None  # cap on the pool; on CPU the pool's size
+    # Hybrid models (Qwen3.5): linear-attention state snapshots kept for prefix reuse (LRU); each costs one
+    # sequence's state (about 50 MiB for Qwen3.5-9B).
+    max_state_snapshots: int = 32
 
     def __post_init__(self):
         if self.tokens_per_block <= 0:
             raise ValueError(f"tokens_per_block must be positive, got {self.tokens_per_block}")
+        if self.max_state_snapshots < 0:
+            raise ValueError(f"max_state_snapshots must be >= 0, got {self.max_state_snapshots}")
         if not 0 < self.free_gpu_memory_fraction <= 1:
             raise ValueError(f"free_gpu_memory_fraction must be in (0, 1], got {self.free_gpu_memory_fraction}")
 

@@ -3,6 +3,10 @@
 A full block's key chains the previous block's key, its token ids and the content hashes of the media items that
 place tokens inside it. Image placeholder tokens are all the same id, so the media hashes are what make the same
 image hit and a different image miss.
+
+Hybrid models (linear attention) also need the recurrent state at the end of the reused prefix: a prefix hit
+there is the longest block match whose last block has a state snapshot (`StateSnapshots`), and prefills save
+snapshots at the block boundaries worth reusing (`snapshot_points`).
 """
 from collections import deque
 
@@ -10,6 +14,7 @@ import numpy as np
 import xxhash
 
 from .sequence import Sequence
+from .state_snapshots import StateSnapshots
 
 
 class Block:
@@ -36,10 +41,22 @@ def media_in_block(seq: Sequence, start: int, end: int) -> list[int]:
             if np.any((item.positions >= start) & (item.positions < end))]
 
 
+def snapshot_points(seq: Sequence, block_size: int) -> list[int]:
+    """Block boundaries of the prompt where a hybrid model saves its state: the last boundary inside or at the end
+    of each media item (a shared system prompt + image asked different questions: the block after the image
+    already holds the question) and the last boundary a prompt can reuse (the same prompt again, or the next
+    turn of a chat)."""
+    last = (seq.num_prompt_tokens - 1) // block_size * block_size
+    media_ends = [(int(item.positions[-1]) + 1) // block_size * block_size for item in seq.mm_items]
+    return sorted({p for p in media_ends + [last] if 0 < p <= last})
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_reuse: bool):
+    def __init__(self, num_blocks: int, block_size: int, enable_reuse: bool,
+                 snapshots: StateSnapshots | None = None):
         self.block_size = block_size
         self.enable_reuse = enable_reuse
+        self.snapshots = snapshots if enable_reuse else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.cached: dict[int, int] = {}  # key -> block id, for computed full blocks
@@ -77,7 +94,28 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
+        if self.snapshots is not None:
+            while hits and self.snapshot_slot(seq, len(hits)) is None:
+                hits.pop()
         return hits
+
+    def snapshot_slot(self, seq: Sequence, num_blocks: int) -> int | None:
+        """The snapshot slot holding the state after `seq`'s first `num_blocks` blocks, if saved."""
+        return self.snapshots.lookup(self.key_of(seq, num_blocks - 1))
+
+    def plan_snapshots(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        """(tokens into the chunk [start, end), snapshot slot) for each snapshot point the chunk computes."""
+        if self.snapshots is None or start >= seq.num_prompt_tokens:
+            return []
+        plan = []
+        for p in snapshot_points(seq, self.block_size):
+            if start < p <= end:
+                key = self.key_of(seq, p // self.block_size - 1)
+                slot = self.snapshots.reserve(key)
+                if slot is not None:
+                    seq.pending_snapshots.append(key)
+                    plan.append((p - start, slot))
+        return plan
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
         """Admit `seq`: reuse its cached prefix `hits` and reserve blocks for its first chunk.
@@ -119,9 +157,12 @@ class BlockManager:
         return block.block_id
 
     def commit(self, seq: Sequence) -> None:
-        """Publish the sequence's newly computed full blocks to the prefix cache."""
+        """Publish the sequence's newly computed full blocks (and state snapshots) to the prefix cache."""
         if not self.enable_reuse:
             return
+        for key in seq.pending_snapshots:
+            self.snapshots.publish(key)
+        seq.pending_snapshots.clear()
         for i in range(seq.num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.key is not None:
@@ -131,6 +172,9 @@ class BlockManager:
             self.cached.setdefault(block.key, block.block_id)
 
     def free(self, seq: Sequence) -> None:
+        for key in seq.pending_snapshots:
+            self.snapshots.drop(key)
+        seq.pending_snapshots.clear()
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

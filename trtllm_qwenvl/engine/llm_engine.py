@@ -17,6 +17,7 @@ from ..utils.nvtx import nvtx_range
 from .detokenizer import IncrementalDetokenizer
 from .encoder_runner import EncoderRunner
 from .kv_cache import BlockManager
+from .state_pool import build_state_pool
 from .model_runner import ModelRunner, SampledToken, kv_bytes_per_token
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
@@ -78,9 +79,15 @@ class LLMEngine:
         self.eos_ids = eos_token_ids(args.model, self.tokenizer)
         self.max_seq_len = args.max_seq_len or hf_config.text_config.max_position_embeddings
         kv = args.kv_cache_config
+        # Before sizing the KV pool, so on GPU the free memory it measures excludes the linear-attention state.
+        self.state_pool = build_state_pool(self.model, args.max_batch_size,
+                                           kv.max_state_snapshots if kv.enable_block_reuse else 0, self.device,
+                                           self.dtype)
         num_blocks = self.count_kv_blocks()
-        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse)
-        self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill)
+        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse,
+                                   self.state_pool.snapshots if self.state_pool else None)
+        self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill,
+                                   self.state_pool)
         self.encoder = EncoderRunner(self.model, self.device)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens)

@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from ..layers.attention import Attention
-from ..layers.forward_context import AttentionMetadata, ForwardContext, set_context, reset_context
+from ..layers.forward_context import AttentionMetadata, ForwardContext, StateMetadata, set_context, reset_context
+from ..layers.gated_deltanet import GatedDeltaNet
 from ..utils.h2d import async_tensor_h2d
 from ..utils.nvtx import nvtx_range
 from .encoder_runner import StepMedia
@@ -41,6 +42,7 @@ class ModelRunner:
         levels = model.num_deepstack_levels
         hidden = model.hf_config.text_config.hidden_size
         self.deepstack = torch.zeros(levels, max_num_tokens, hidden, dtype=dtype, device=device) if levels else None
+        self.hybrid = any(isinstance(m, GatedDeltaNet) for m in model.modules())
 
     def build(self, batch: list[ScheduledSeq]):
         """Host-side step inputs, all numpy: one H2D per array afterwards."""
@@ -58,8 +60,12 @@ class ModelRunner:
             slots.append(table[j // bs] * bs + j % bs)
         cu = np.concatenate(([0], np.cumsum(lens))).astype(np.int32)
         samples = np.array([s.samples for s in batch])
+        state = {}
+        if self.hybrid:
+            state = {"state_slots": np.array([s.seq.state_slot for s in batch], dtype=np.int64),
+                     "has_state": np.array([s.start > 0 for s in batch])}
         return {
-            "input_ids": ids, "positions": positions, "slot_mapping": np.concatenate(slots),
+            **state, "input_ids": ids, "positions": positions, "slot_mapping": np.concatenate(slots),
             "cu_seqlens_q": cu, "seq_lens_k": np.array([s.end for s in batch], dtype=np.int32),
             "block_tables": tables, "token_seq": np.repeat(np.arange(len(batch)), lens),
             "token_pos": np.concatenate([np.arange(n) for n in lens]), "logits_indices": cu[1:][samples] - 1,
@@ -67,11 +73,19 @@ class ModelRunner:
         }
 
     def upload(self, host: dict) -> tuple[dict, AttentionMetadata]:
-        dev = {k: async_tensor_h2d(v, torch.int32 if v.dtype == np.int32 else torch.long, self.device)
+        dtypes = {np.dtype(np.int32): torch.int32, np.dtype(np.bool_): torch.bool}
+        dev = {k: async_tensor_h2d(v, dtypes.get(v.dtype, torch.long), self.device)
                for k, v in host.items() if isinstance(v, np.ndarray)}
         meta = AttentionMetadata(dev["cu_seqlens_q"], dev["seq_lens_k"], dev["block_tables"], dev["slot_mapping"],
                                  dev["token_seq"], dev["token_pos"], host["max_q"], host["max_k"], self.block_size)
         return dev, meta
+
+    def state_metadata(self, batch: list[ScheduledSeq], host: dict, dev: dict) -> StateMetadata | None:
+        if not self.hybrid:
+            return None
+        return StateMetadata(dev["state_slots"], dev["has_state"], [s.num_tokens for s in batch],
+                             host["state_slots"].tolist(), [s.start == 0 for s in batch],
+                             [s.snapshots for s in batch])
 
     def embed(self, input_ids: torch.Tensor, media: StepMedia | None) -> torch.Tensor | None:
         if media is None:
@@ -94,7 +108,7 @@ class ModelRunner:
             host = self.build(batch)
             dev, meta = self.upload(host)
             n = len(host["input_ids"])
-            set_context(ForwardContext(meta, self.step_deepstack(n, media)))
+            set_context(ForwardContext(meta, self.step_deepstack(n, media), self.state_metadata(batch, host, dev)))
             embeds = self.embed(dev["input_ids"], media)
         try:
             with nvtx_range("forward"):

@@ -1,4 +1,5 @@
-"""A request as the engine sees it: tokens, multimodal items, mRoPE positions, KV blocks and progress."""
+"""A request as the engine sees it: tokens, multimodal items, mRoPE positions, KV blocks, state slot and
+progress."""
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum, auto
@@ -53,6 +54,8 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []
         self.block_keys: list[int] = []  # chained prefix-cache keys of this sequence's full blocks
+        self.state_slot: int | None = None  # linear-attention state slot (hybrid models), while running
+        self.pending_snapshots: list[int] = []  # keys of state snapshots the current step saves
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 LAYOUTS = ("qwen2_5_vl", "qwen3_vl")
-_LAYOUT_BY_MODEL_TYPE = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
+_LAYOUT_BY_MODEL_TYPE = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl",
+                         "qwen3_5": "qwen3_vl", "qwen3_5_moe": "qwen3_vl"}  # Qwen3.5 positions as Qwen3-VL
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 
 

@@ -24,18 +24,24 @@ def _(q, k, v, k_cache, v_cache, out, scale) -> None:
 
 
 class Attention(nn.Module):
-    """GQA attention with fused qkv, optional per-head q/k RMSNorm and rotary from shared cos/sin."""
+    """GQA attention with fused qkv, optional per-head q/k RMSNorm and rotary from shared cos/sin.
+
+    `gated` (Qwen3.5): q_proj emits each head's query followed by a gate of the same size, and the attention output
+    is scaled by sigmoid(gate) before o_proj. `norm` is the q/k norm class.
+    """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, qkv_bias: bool,
-                 qk_norm_eps: float | None = None):
+                 qk_norm_eps: float | None = None, gated: bool = False, norm=RMSNorm):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
+        self.gated = gated
+        q_rows, kv_rows = num_heads * head_dim * (2 if gated else 1), num_kv_heads * head_dim
+        self.qkv_proj = nn.Linear(hidden_size, q_rows + 2 * kv_rows, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
-        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.q_norm = norm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = norm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.scale = head_dim ** -0.5
-        q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
+        self.splits = [q_rows, kv_rows, kv_rows]
         shards = {"q": (0, q_rows), "k": (q_rows, kv_rows), "v": (q_rows + kv_rows, kv_rows)}
         for p in self.qkv_proj.parameters():
             p.shards = shards  # lets the loader fill q/k/v checkpoint tensors into the fused matrix
@@ -45,10 +51,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
-            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-            dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
@@ -56,4 +63,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         out = torch.empty_like(q)
         paged_attention(q, k, v, self.k_cache, self.v_cache, out, self.scale)
-        return self.o_proj(out.view(n, -1))
+        out = out.view(n, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(n, -1))
+        return self.o_proj(out)

@@ -8,19 +8,24 @@ from .rotary import MRotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+    """Pre-norm block: token mixer, then MLP. The mixer is full attention (`self_attn`) or, in Qwen3.5's hybrid
+    layers, Gated DeltaNet (`linear_attn`); `mixer_name` keeps the checkpoint's name for it."""
+
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, hidden_size: int, eps: float, norm=RMSNorm,
+                 mixer_name: str = "self_attn"):
         super().__init__()
-        self.self_attn = self_attn
+        self.mixer_name = mixer_name
+        setattr(self, mixer_name, mixer)
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.input_layernorm = norm(hidden_size, eps)
+        self.post_attention_layernorm = norm(hidden_size, eps)
 
     def forward(self, x, residual, cos_sin):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, cos_sin)
+        x = getattr(self, self.mixer_name)(x, cos_sin)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -29,11 +34,11 @@ class TextModel(nn.Module):
     """forward(positions (3, N), input_ids | inputs_embeds) -> final hidden states (N, hidden)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, layers: list[nn.Module], eps: float,
-                 rotary: MRotaryEmbedding):
+                 rotary: MRotaryEmbedding, norm=RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(hidden_size, eps)
+        self.norm = norm(hidden_size, eps)
         self.rotary = rotary
 
     def forward(self, positions: torch.Tensor, input_ids: torch.Tensor | None = None,

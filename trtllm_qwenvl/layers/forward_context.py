@@ -24,11 +24,25 @@ class AttentionMetadata:
 
 
 @dataclass
+class StateMetadata:
+    """Where each of the step's B sequences keeps its linear-attention (conv + recurrent) state."""
+    slots: torch.Tensor      # (B,) int64: the sequence's slot in the state pool
+    has_state: torch.Tensor  # (B,) bool: False on a sequence's first chunk, whose state starts at zero
+    # Host copies for the torch reference, which walks the sequences one by one.
+    query_lens: list[int]
+    slot_list: list[int]
+    fresh: list[bool]
+    # Per sequence: (tokens into this chunk, snapshot slot) where the state is also saved for prefix caching.
+    snapshots: list[list[tuple[int, int]]]
+
+
+@dataclass
 class ForwardContext:
     attn: AttentionMetadata | None = None
     # Deepstack features for this step: (levels, N, hidden) rows at visual tokens, zero elsewhere; None when the
     # step carries no visual tokens.
     deepstack: torch.Tensor | None = None
+    state: StateMetadata | None = None
 
 
 _CONTEXT = ForwardContext()

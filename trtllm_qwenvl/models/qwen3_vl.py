@@ -46,7 +46,8 @@ class Qwen3VisionTower(nn.Module):
             VisionBlock(vc.hidden_size, vc.num_heads, MLP(vc.hidden_size, vc.intermediate_size, vc.hidden_act), norm)
             for _ in range(vc.depth))
         self.merger = PatchMerger(vc.hidden_size, vc.out_hidden_size, self.merge, norm)
-        self.deepstack_indexes = list(vc.deepstack_visual_indexes)
+        # Qwen3.5 reuses this tower without deepstack.
+        self.deepstack_indexes = list(getattr(vc, "deepstack_visual_indexes", None) or [])
         self.deepstack_merger_list = nn.ModuleList(
             PatchMerger(vc.hidden_size, vc.out_hidden_size, self.merge, norm, postshuffle=True)
             for _ in self.deepstack_indexes)

@@ -2,7 +2,7 @@
 import importlib
 
 MODELS: dict[str, type] = {}
-_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 def register(architecture: str):

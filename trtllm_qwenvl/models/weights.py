@@ -32,6 +32,13 @@ LM_RULES = [
     Rule(r"\.mlp\.up_proj\.", ".mlp.gate_up_proj.", shard="up"),
     Rule(r"\.mlp\.experts\.gate_up_proj$", ".mlp.w13", transform="experts"),
     Rule(r"\.mlp\.experts\.down_proj$", ".mlp.w2", transform="experts"),
+    # Per-expert tensors (Qwen3.5-MoE as published and as HF saves it) fill rows of the stacked expert weights.
+    Rule(r"\.mlp\.experts\.(\d+)\.(gate|up)_proj\.weight$", ".mlp.w13", shard="\\1.\\2"),
+    Rule(r"\.mlp\.experts\.(\d+)\.down_proj\.weight$", ".mlp.w2", shard="\\1"),
+    Rule(r"\.shared_expert\.gate_proj\.", ".shared_expert.gate_up_proj.", shard="gate"),
+    Rule(r"\.shared_expert\.up_proj\.", ".shared_expert.gate_up_proj.", shard="up"),
+    Rule(r"\.linear_attn\.in_proj_(qkv|z|b|a)\.", ".linear_attn.in_proj.", shard="\\1"),
+    Rule(r"\.linear_attn\.conv1d\.weight$", ".linear_attn.conv_weight", transform="conv_as_linear"),
 ]
 
 
@@ -77,10 +84,11 @@ def transform(tensor: torch.Tensor, kind: str | None, shape: torch.Size) -> torc
 
 
 def copy_into(param: nn.Parameter, tensor: torch.Tensor, shard: str | None, name: str) -> None:
+    """A shard is a row range of the parameter seen as 2-D (leading dims flattened, so stacked experts too)."""
     target = param.data
     if shard is not None:
         start, size = param.shards[shard]
-        target = target.narrow(0, start, size)
+        target = (target.flatten(0, -2) if target.dim() > 2 else target).narrow(0, start, size)
     if target.shape != tensor.shape:
         raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
     target.copy_(tensor)
@@ -107,7 +115,10 @@ def load_weights(model: nn.Module, model_dir: str | Path, rules: list[Rule], ski
             raise ValueError(f"checkpoint tensor {raw!r} has no matching parameter (mapped to {name!r})")
         param = params[name]
         copy_into(param, transform(tensor, kind, param.shape).to(param.dtype), shard, raw)
-        loaded.add((name, shard))
+        if shard is None and getattr(param, "shards", None):
+            loaded.update((name, s) for s in param.shards)  # a fused tensor fills every shard at once
+        else:
+            loaded.add((name, shard))
     missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded if not (tied and n in tied))
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks weights for: {', '.join(missing[:8])}"

@@ -1,0 +1,96 @@
+"""Gated DeltaNet: Qwen3.5's linear-attention token mixer, whose per-sequence state lives in the state pool.
+
+Each sequence carries a conv state (the last K-1 inputs of the depthwise causal conv) and a recurrent state
+(H, Dk, Dv) in fp32 from chunk to chunk; the model runner binds the pool's tensors and the step says which slot
+belongs to which sequence (`ForwardContext.state`). Prefill chunks use the chunked delta rule, single tokens the
+recurrent form; on CUDA with flash-linear-attention installed its Triton kernels take their place.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import gated_delta_rule
+from .forward_context import StateMetadata, get_context
+from .norm import GatedRMSNorm
+
+
+def delta_rule_kernels(device: torch.device):
+    """(chunked, recurrent) gated delta rule: fla's Triton kernels on CUDA when importable, else the torch ones."""
+    if device.type == "cuda":
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+            return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        except ImportError:
+            pass
+    return gated_delta_rule.chunk_gated_delta_rule, gated_delta_rule.recurrent_gated_delta_rule
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, k_head_dim: int, v_head_dim: int,
+                 conv_kernel: int, eps: float):
+        super().__init__()
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.k_head_dim, self.v_head_dim = k_head_dim, v_head_dim
+        key_dim, value_dim = num_k_heads * k_head_dim, num_v_heads * v_head_dim
+        self.conv_dim = 2 * key_dim + value_dim
+        self.conv_kernel = conv_kernel
+        self.splits = [self.conv_dim, value_dim, num_v_heads, num_v_heads]  # qkv, z, b, a
+        self.in_proj = nn.Linear(hidden_size, sum(self.splits), bias=False)
+        starts = [sum(self.splits[:i]) for i in range(4)]
+        for p in self.in_proj.parameters():
+            p.shards = {name: (start, size) for name, start, size in zip(("qkv", "z", "b", "a"), starts, self.splits)}
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, conv_kernel))
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(num_v_heads))
+        self.norm = GatedRMSNorm(v_head_dim, eps)
+        self.out_proj = nn.Linear(value_dim, hidden_size, bias=False)
+        self.chunk_rule, self.recurrent_rule = delta_rule_kernels(self.A_log.device)
+        # Bound to views of the engine's state pool by the model runner: (slots, C, K-1) and (slots, H, Dk, Dv).
+        self.conv_state = torch.empty(0)
+        self.recurrent_state = torch.empty(0)
+
+    def forward(self, x: torch.Tensor, cos_sin=None) -> torch.Tensor:
+        meta = get_context().state
+        mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        out = torch.cat([self.mix(mixed[lo:hi], beta[lo:hi], g[lo:hi], meta, i)
+                         for i, (lo, hi) in enumerate(row_ranges(meta.query_lens))])
+        out = self.norm(out.reshape(-1, self.v_head_dim), z.reshape(-1, self.v_head_dim))
+        return self.out_proj(out.reshape(x.shape[0], -1))
+
+    def mix(self, mixed, beta, g, meta: StateMetadata, i: int) -> torch.Tensor:
+        """One sequence's chunk: conv, then the delta rule from its slot's state, saving snapshots on the way."""
+        slot, fresh, cuts = meta.slot_list[i], meta.fresh[i], meta.snapshots[i]
+        length, width = mixed.shape[0], self.conv_kernel - 1
+        y, extended = gated_delta_rule.causal_conv1d(mixed, self.conv_weight, None if fresh else self.conv_state[slot])
+        for end, dst in cuts + [(length, slot)]:
+            self.conv_state[dst] = extended[:, end:end + width]
+        q, k, v = self.heads(y)
+        state = None if fresh else self.recurrent_state[slot][None]
+        outs, start = [], 0
+        for end, dst in cuts + [(length, slot)]:
+            rule = self.recurrent_rule if end - start == 1 else self.chunk_rule
+            o, state = rule(q[None, start:end], k[None, start:end], v[None, start:end], g[None, start:end],
+                            beta[None, start:end], initial_state=state, output_final_state=True,
+                            use_qk_l2norm_in_kernel=True)
+            self.recurrent_state[dst] = state[0]
+            outs.append(o[0])
+            start = end
+        return torch.cat(outs)
+
+    def heads(self, y: torch.Tensor):
+        """Split the conv output into q, k (repeated up to the value heads) and v."""
+        key_dim = self.num_k_heads * self.k_head_dim
+        q, k, v = y.split([key_dim, key_dim, y.shape[-1] - 2 * key_dim], dim=-1)
+        repeat = self.num_v_heads // self.num_k_heads
+        q = q.reshape(-1, self.num_k_heads, self.k_head_dim).repeat_interleave(repeat, dim=1)
+        k = k.reshape(-1, self.num_k_heads, self.k_head_dim).repeat_interleave(repeat, dim=1)
+        return q, k, v.reshape(-1, self.num_v_heads, self.v_head_dim)
+
+
+def row_ranges(lengths: list[int]):
+    start = 0
+    for n in lengths:
+        yield start, start + n
+        start += n
