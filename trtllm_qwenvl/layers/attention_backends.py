@@ -1,6 +1,7 @@
 """Paged attention backends behind one interface: store the step's K/V into the cache, attend over the pages.
 
-`torch` is the reference (SDPA over gathered pages) and runs everywhere. GPU kernels register here too.
+`torch` is the reference (SDPA over gathered pages) and runs everywhere. `triton` is the GPU path
+(trtllm_qwenvl.kernels): a store kernel, then the split-K decode kernel or the paged prefill kernel.
 """
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,34 @@ class TorchPagedAttention:
         out.copy_(o.transpose(1, 2)[meta.token_seq, meta.token_pos])
 
 
-BACKENDS = {"torch": TorchPagedAttention}
+class TritonPagedAttention:
+    """Triton kernels on CUDA. A step is a pure decode when every sequence brings exactly one query token; mixed
+    and prefill steps take the prefill kernel. The decode path reads no device value on the host and allocates
+    nothing per step, so it can be captured in a CUDA graph."""
+
+    name = "triton"
+
+    @staticmethod
+    def plan(meta: AttentionMetadata) -> dict:
+        # Host ints and tensor shapes only: no device reads.
+        decode = meta.max_seqlen_q == 1 and meta.slot_mapping.shape[0] == meta.seq_lens_k.shape[0]
+        return {"decode": decode}
+
+    @staticmethod
+    def forward(q, k, v, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
+        # Imported on first use: triton is GPU-only and CPU machines may lack it.
+        from ..kernels.kv_store import store_kv
+        from ..kernels.paged_decode import paged_decode_attention
+        from ..kernels.paged_prefill import paged_prefill_attention
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.plan["decode"]:
+            paged_decode_attention(q, k_cache, v_cache, out, scale, meta.seq_lens_k, meta.block_tables)
+        else:
+            paged_prefill_attention(q, k_cache, v_cache, out, scale, meta.cu_seqlens_q, meta.seq_lens_k,
+                                    meta.block_tables, meta.max_seqlen_q)
+
+
+BACKENDS = {"torch": TorchPagedAttention, "triton": TritonPagedAttention}
 _active = TorchPagedAttention
 
 

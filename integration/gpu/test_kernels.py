@@ -1,0 +1,416 @@
+"""Each Triton kernel against its torch reference (the code the CPU path runs) and a float64 reference.
+
+Runs on a CUDA GPU; on CPU it skips, unless TRITON_INTERPRET=1, which runs the small cases in Triton's interpreter.
+Error is ||out - ref|| / ||ref||; outputs are poisoned with NaN first, so an unwritten element fails.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import triton
+
+from trtllm_qwenvl.kernels.kv_store import store_kv
+from trtllm_qwenvl.kernels.mrope import apply_mrope
+from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, paged_decode_attention
+from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
+from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
+from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
+from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
+from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
+from trtllm_qwenvl.layers.forward_context import AttentionMetadata
+from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
+from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
+from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
+from trtllm_qwenvl.models.vision_common import merge_order_hw
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not CUDA and not INTERPRET, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="CUDA only (too large or CUDA-specific for the interpreter)")
+BF16_TOL, FP32_TOL = 1e-2, 1e-4
+# The interpreter truncates fp32 -> bf16 instead of rounding, so it checks fp32 only.
+DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float32]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any(), "unwritten (NaN-poisoned) or NaN output"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def tol(dtype) -> float:
+    return FP32_TOL if dtype == torch.float32 else BF16_TOL
+
+
+# ---- paged KV fixtures -------------------------------------------------------------------------------------------
+
+class PagedBatch:
+    """A random batch over a random paged cache: per sequence (cached context, new query tokens)."""
+
+    def __init__(self, specs, num_heads, kv_heads, head_dim, page, dtype, seed):
+        g = torch.Generator().manual_seed(seed)
+        gd = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.specs, self.page, self.dtype = specs, page, dtype
+        lens_k = [c + n for c, n in specs]
+        blocks_per = [triton.cdiv(max(n, 1), page) for n in lens_k]
+        num_blocks = sum(blocks_per) + 3
+        perm = torch.randperm(num_blocks, generator=g)  # pages scattered through the pool
+        max_blocks = max(blocks_per)
+        tables = torch.zeros(len(specs), max_blocks, dtype=torch.int32)
+        slots, at = [], 0
+        for i, (ctx, n) in enumerate(specs):
+            tables[i, :blocks_per[i]] = perm[at:at + blocks_per[i]].int()
+            at += blocks_per[i]
+            pos = torch.arange(ctx, ctx + n)
+            slots.append(tables[i, pos // page].long() * page + pos % page)
+        n_tok = sum(n for _, n in specs)
+        shape = (num_blocks, page, kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=gd, device=DEVICE).to(dtype)
+        self.v_cache = torch.randn(shape, generator=gd, device=DEVICE).to(dtype)
+        # q, k, v as views of one fused projection, as the attention layer produces them
+        qkv = torch.randn(n_tok, (num_heads + 2 * kv_heads) * head_dim, generator=gd, device=DEVICE).to(dtype)
+        q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        self.q = q.view(n_tok, num_heads, head_dim)
+        self.k = k.view(n_tok, kv_heads, head_dim)
+        self.v = v.reshape(n_tok, kv_heads, head_dim)
+        q_lens = [n for _, n in specs]
+        cu = np.concatenate(([0], np.cumsum(q_lens))).astype(np.int32)
+        self.meta = AttentionMetadata(
+            cu_seqlens_q=torch.from_numpy(cu).to(DEVICE),
+            seq_lens_k=torch.tensor(lens_k, dtype=torch.int32, device=DEVICE),
+            block_tables=tables.to(DEVICE),
+            slot_mapping=torch.cat(slots).to(DEVICE),
+            token_seq=torch.repeat_interleave(torch.arange(len(specs)), torch.tensor(q_lens)).to(DEVICE),
+            token_pos=torch.cat([torch.arange(n) for n in q_lens]).to(DEVICE),
+            max_seqlen_q=max(q_lens), max_seqlen_k=max(lens_k), block_size=page)
+
+    def store_reference(self):
+        """The CPU path's store, so the attention kernels are checked on their own."""
+        flat_k = self.k_cache.view(-1, *self.k_cache.shape[-2:])
+        flat_v = self.v_cache.view(-1, *self.v_cache.shape[-2:])
+        flat_k.index_copy_(0, self.meta.slot_mapping, self.k)
+        flat_v.index_copy_(0, self.meta.slot_mapping, self.v)
+
+    def reference64(self, scale: float) -> torch.Tensor:
+        """float64 causal attention per sequence over its pages (cache already holds the step's K/V)."""
+        out, at = [], 0
+        tables = self.meta.block_tables.long()
+        group = self.q.shape[1] // self.k_cache.shape[2]
+        for i, (ctx, n) in enumerate(self.specs):
+            pos = torch.arange(ctx + n, device=DEVICE)
+            slots = tables[i, pos // self.page] * self.page + pos % self.page
+            k = self.k_cache.view(-1, *self.k_cache.shape[-2:])[slots].double().repeat_interleave(group, 1)
+            v = self.v_cache.view(-1, *self.v_cache.shape[-2:])[slots].double().repeat_interleave(group, 1)
+            q = self.q[at:at + n].double()
+            s = torch.einsum("qhd,khd->hqk", q, k) * scale
+            visible = pos[None, :] <= (ctx + torch.arange(n, device=DEVICE))[:, None]
+            p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+            out.append(torch.einsum("hqk,khd->qhd", p, v))
+            at += n
+        return torch.cat(out)
+
+
+def poisoned_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(x, float("nan"))
+
+
+# ---- KV store ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [16, 32, 64])
+def test_store_kv_matches_index_copy(dtype, page):
+    b = PagedBatch([(0, 37), (5, 1), (70, 20), (0, 1)], 32, 8, 128, page, dtype, seed=page)
+    k_ref, v_ref = b.k_cache.clone(), b.v_cache.clone()
+    k_ref.view(-1, 8, 128).index_copy_(0, b.meta.slot_mapping, b.k)
+    v_ref.view(-1, 8, 128).index_copy_(0, b.meta.slot_mapping, b.v)
+    store_kv(b.k, b.v, b.k_cache, b.v_cache, b.meta.slot_mapping)
+    assert torch.equal(b.k_cache, k_ref) and torch.equal(b.v_cache, v_ref)
+
+
+def test_store_kv_skips_negative_slots():
+    b = PagedBatch([(0, 8)], 4, 2, 64, 16, torch.float32, seed=1)
+    before = b.k_cache.clone()
+    slots = b.meta.slot_mapping.clone()
+    slots[::2] = -1
+    store_kv(b.k, b.v, b.k_cache, b.v_cache, slots)
+    flat_before = before.view(-1, 2, 64)
+    flat_after = b.k_cache.view(-1, 2, 64)
+    kept = b.meta.slot_mapping[::2]
+    assert torch.equal(flat_after[kept], flat_before[kept])
+    assert torch.equal(flat_after[slots[1::2]], b.k[1::2])
+
+
+# ---- prefill -----------------------------------------------------------------------------------------------------
+
+PREFILL_CASES = {
+    # (cached context, new tokens) per sequence: fresh prompts, cached prefixes, partial pages, single tokens
+    "ragged": [(0, 1), (0, 77), (48, 33), (13, 1), (0, 130), (100, 64)],
+    "prefix_hit": [(256, 40), (64, 1), (31, 97)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [16, 32, 64])
+# (query heads, KV heads, head_dim): Qwen3-VL-8B, Qwen2.5-VL-7B (group of 7), no GQA, Qwen3.5 (head_dim 256)
+@pytest.mark.parametrize("heads", [(32, 8, 128), (28, 4, 128), (4, 4, 128), (16, 4, 256)])
+@pytest.mark.parametrize("case", sorted(PREFILL_CASES))
+def test_prefill_matches_reference(dtype, page, heads, case):
+    if INTERPRET:
+        if heads != (4, 4, 128) or page != 16:
+            pytest.skip("interpreter: one small configuration")
+        heads = (4, 4, 32)
+    head_dim = heads[2]
+    b = PagedBatch(PREFILL_CASES[case], *heads, page, dtype, seed=page + heads[0])
+    scale = head_dim ** -0.5
+    b.store_reference()
+    out = poisoned_like(b.q)
+    paged_prefill_attention(b.q, b.k_cache, b.v_cache, out, scale, b.meta.cu_seqlens_q, b.meta.seq_lens_k,
+                            b.meta.block_tables, b.meta.max_seqlen_q)
+    ref = b.reference64(scale)
+    err = rel_err(out, ref)
+    torch_out = torch.empty_like(b.q)
+    TorchPagedAttention.forward(b.q, b.k, b.v, b.k_cache.clone(), b.v_cache.clone(), torch_out, scale,
+                                _planned(TorchPagedAttention, b.meta))
+    torch_err = rel_err(torch_out, ref)
+    print(f"prefill {case} {dtype} page={page} heads={heads}: triton {err:.2e} torch {torch_err:.2e}")
+    assert err < tol(dtype)
+    assert err <= 2 * torch_err + 1e-6
+
+
+def _planned(backend, meta: AttentionMetadata) -> AttentionMetadata:
+    meta.plan = backend.plan(meta)
+    return meta
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_backend_matches_torch_backend(dtype):
+    """Mixed step (decodes + prefill chunks): cache contents and outputs of both backends agree."""
+    specs = [(300, 1), (0, 200), (17, 1), (64, 129), (1000, 1)]
+    b = PagedBatch(specs, 32, 8, 128, 32, dtype, seed=7)
+    scale = 128 ** -0.5
+    outs, caches = [], []
+    for backend in (TorchPagedAttention, TritonPagedAttention):
+        kc, vc = b.k_cache.clone(), b.v_cache.clone()
+        out = poisoned_like(b.q)
+        meta = _planned(backend, AttentionMetadata(**{**vars(b.meta), "plan": {}}))
+        backend.forward(b.q, b.k, b.v, kc, vc, out, scale, meta)
+        outs.append(out)
+        caches.append((kc, vc))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert rel_err(outs[1], outs[0]) < tol(dtype)
+
+
+# ---- decode ------------------------------------------------------------------------------------------------------
+
+DECODE_CASES = {
+    "single_token_contexts": [1, 1, 2],
+    "page_edges": [15, 16, 17, 31, 32, 33, 63, 64, 65, 1000],
+    "long_32k": [32768, 32001],
+    "batch_64": [(i * 397) % 3000 + 1 for i in range(64)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+@pytest.mark.parametrize("splits", [None, 1, 7, MAX_SPLITS])
+def test_decode_matches_reference(dtype, page, case, splits):
+    if INTERPRET and (case != "page_edges" or page != 16 or splits is None):
+        pytest.skip("interpreter: one small configuration")
+    if case == "long_32k" and dtype == torch.float32 and page != 64:
+        pytest.skip("32k fp32 once is enough")
+    heads, head_dim = ((32, 8), 128) if not INTERPRET else ((8, 2), 32)
+    b = PagedBatch([(n - 1, 1) for n in DECODE_CASES[case]], *heads, head_dim, page, dtype, seed=page)
+    scale = head_dim ** -0.5
+    b.store_reference()
+    out = poisoned_like(b.q)
+    paged_decode_attention(b.q, b.k_cache, b.v_cache, out, scale, b.meta.seq_lens_k, b.meta.block_tables, splits)
+    err = rel_err(out, b.reference64(scale))
+    print(f"decode {case} {dtype} page={page} splits={splits}: {err:.2e}")
+    assert err < tol(dtype)
+
+
+@gpu_only
+@pytest.mark.parametrize("splits", [None, 1])
+def test_decode_head_dim_256(splits):
+    b = PagedBatch([(n - 1, 1) for n in DECODE_CASES["page_edges"]], 16, 4, 256, 16, torch.bfloat16, seed=5)
+    b.store_reference()
+    out = poisoned_like(b.q)
+    paged_decode_attention(b.q, b.k_cache, b.v_cache, out, 256 ** -0.5, b.meta.seq_lens_k, b.meta.block_tables,
+                           splits)
+    err = rel_err(out, b.reference64(256 ** -0.5))
+    print(f"decode head_dim=256 splits={splits}: {err:.2e}")
+    assert err < BF16_TOL
+
+
+@gpu_only
+def test_decode_empty_sequence_gives_zeros():
+    """Padding rows of a captured batch may carry seq_len 0: they must stay finite."""
+    b = PagedBatch([(99, 1), (0, 1)], 32, 8, 128, 16, torch.bfloat16, seed=3)
+    b.store_reference()
+    b.meta.seq_lens_k[1] = 0
+    for splits in (1, 8):
+        out = poisoned_like(b.q)
+        paged_decode_attention(b.q, b.k_cache, b.v_cache, out, 128 ** -0.5, b.meta.seq_lens_k,
+                               b.meta.block_tables, splits)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        assert not out[0].isnan().any()
+
+
+@gpu_only
+def test_decode_cuda_graph_replays_with_new_inputs():
+    """Store + decode captured once through the backend, replayed twice on different inputs and lengths."""
+    batch, heads, kv_heads, d, page, max_len = 4, 32, 8, 128, 16, 4096
+    scale = d ** -0.5
+    first = PagedBatch([(n - 1, 1) for n in (4000, 17, 2048, 700)], heads, kv_heads, d, page, torch.bfloat16, 11)
+    static = {name: t.clone() for name, t in (("q", first.q), ("k", first.k), ("v", first.v))}
+    max_blocks = max_len // page
+    tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device=DEVICE)
+    meta = AttentionMetadata(first.meta.cu_seqlens_q.clone(), first.meta.seq_lens_k.clone(), tables,
+                             first.meta.slot_mapping.clone(), first.meta.token_seq, first.meta.token_pos,
+                             1, max_len, page)
+    num_blocks = batch * max_blocks
+    k_cache = torch.randn(num_blocks, page, kv_heads, d, device=DEVICE).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    out = torch.empty_like(static["q"])
+    meta.plan = TritonPagedAttention.plan(meta)
+    assert meta.plan["decode"]
+
+    def step():
+        TritonPagedAttention.forward(static["q"], static["k"], static["v"], k_cache, v_cache, out, scale, meta)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed, lens in ((21, (3000, 1, 4096, 129)), (22, (16, 2500, 33, 4000))):
+        fresh = PagedBatch([(n - 1, 1) for n in lens], heads, kv_heads, d, page, torch.bfloat16, seed)
+        # Lay the fresh batch into the captured pool: sequence i owns pages [i*max_blocks, (i+1)*max_blocks).
+        for name in ("q", "k", "v"):
+            static[name].copy_(getattr(fresh, name))
+        fresh_tables = fresh.meta.block_tables.long()
+        for i, n in enumerate(lens):
+            own = torch.arange(i * max_blocks, (i + 1) * max_blocks, device=DEVICE)
+            used = triton.cdiv(n, page)
+            k_cache[own[:used]] = fresh.k_cache[fresh_tables[i, :used]]
+            v_cache[own[:used]] = fresh.v_cache[fresh_tables[i, :used]]
+            tables[i] = own.int()
+            pos = n - 1
+            meta.slot_mapping[i] = own[pos // page] * page + pos % page
+        meta.seq_lens_k.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        expected = torch.empty_like(out)
+        eager = AttentionMetadata(**{**vars(meta), "plan": {}})
+        eager.plan = TorchPagedAttention.plan(eager)
+        TorchPagedAttention.forward(static["q"], static["k"], static["v"], k_cache.clone(), v_cache.clone(),
+                                    expected, scale, eager)
+        err = rel_err(out, expected)
+        print(f"graph replay seed={seed}: {err:.2e} vs the torch backend")
+        assert err < BF16_TOL
+
+
+# ---- mRoPE -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["sectioned", "interleaved", "partial"])
+def test_mrope_matches_reference(dtype, layout):
+    # (rotary_dim, mrope_section, interleaved): Qwen2.5-VL, Qwen3-VL, and a partial rotary over half the head
+    rotary_dim, section, interleaved = {"sectioned": (128, [16, 24, 24], False),
+                                        "interleaved": (128, [24, 20, 20], True),
+                                        "partial": (64, [8, 12, 12], True)}[layout]
+    n, heads, kv_heads, d = (777, 32, 8, 128) if not INTERPRET else (5, 4, 2, 128)
+    rope = MRotaryEmbedding(rotary_dim, 4096, 1e6, section, interleaved).to(DEVICE)
+    g = torch.Generator().manual_seed(len(layout))
+    positions = torch.randint(0, 4096, (3, n), generator=g).to(DEVICE)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g).to(dtype).to(DEVICE)
+    q = qkv[:, :heads * d].view(n, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(n, kv_heads, d)
+    cos, sin = rope(positions)
+    ref_q, ref_k = apply_rotary(q.double(), cos.double(), sin.double()), apply_rotary(k.double(), cos.double(),
+                                                                                      sin.double())
+    # the model's torch path: cos/sin cast to the activation dtype
+    torch_q = apply_rotary(q, cos.to(dtype), sin.to(dtype))
+    out_q, out_k = apply_mrope(q.clone(), k.clone(), positions, rope.cos_table, rope.sin_table, rope.axes)
+    err = max(rel_err(out_q, ref_q), rel_err(out_k, ref_k))
+    print(f"mrope {layout} {dtype}: triton {err:.2e} torch {rel_err(torch_q, ref_q):.2e}")
+    assert err < (1e-6 if dtype == torch.float32 else 5e-3)
+    assert torch.equal(out_q[..., rotary_dim:], q[..., rotary_dim:])
+
+
+# ---- vision rotary -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [72, 80])
+def test_vision_rotary_matches_reference(dtype, head_dim):
+    s, heads = (2000, 16) if not INTERPRET else (6, 2)
+    table = VisionRotaryTable(head_dim).to(DEVICE)
+    g = torch.Generator().manual_seed(head_dim)
+    hw = torch.randint(0, 200, (s, 2), generator=g).to(DEVICE)
+    cos, sin = table(hw)
+    qkv = torch.randn(s, 3, heads, head_dim, generator=g).to(dtype).to(DEVICE)
+    q, k, _ = qkv.unbind(1)
+    ref_q = apply_rotary(q.float(), cos, sin).to(dtype)  # exactly what VisionAttention does
+    ref_k = apply_rotary(k.float(), cos, sin).to(dtype)
+    exact_q = apply_rotary(q.double(), cos.double(), sin.double())
+    out_q, out_k = apply_vision_rotary(q.clone(), k.clone(), cos, sin)
+    err_torch = max(rel_err(out_q, ref_q), rel_err(out_k, ref_k))
+    err64 = rel_err(out_q, exact_q)
+    print(f"vision rotary d={head_dim} {dtype}: vs torch path {err_torch:.2e}, vs float64 {err64:.2e}")
+    assert err_torch < (1e-6 if dtype == torch.float32 else 1e-3)
+    assert err64 < (1e-6 if dtype == torch.float32 else 5e-3)
+
+
+# ---- Qwen3-VL position embeddings --------------------------------------------------------------------------------
+
+def pos_embed_reference(table: torch.Tensor, grid, merge: int, side: int, dtype64: bool) -> torch.Tensor:
+    """Qwen3VisionTower.build_grid's computation (host taps, embedding lookup, weighted sum), optionally in fp64."""
+    t, h, w = grid
+    index, weight = bilinear_taps(merge_order_hw(h, w, merge), h, w, side)
+    taps = table[torch.from_numpy(index).to(table.device)]
+    weight = torch.from_numpy(weight).to(table.device)
+    if dtype64:
+        return (taps.double() * weight.double()[:, :, None]).sum(1).repeat(t, 1)
+    return (taps * weight[:, :, None]).sum(1).to(table.dtype).repeat(t, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("grid", [(1, 16, 24), (2, 34, 20), (1, 2, 2), (1, 100, 60), (3, 48, 48)])
+def test_pos_embed_matches_reference(dtype, grid):
+    side, dim, merge = (48, 1152, 2) if not INTERPRET else (8, 40, 2)
+    if INTERPRET and max(grid) > 34:
+        pytest.skip("interpreter: small grids")
+    g = torch.Generator().manual_seed(sum(grid))
+    table = torch.randn(side * side, dim, generator=g).to(dtype).to(DEVICE)
+    out = interpolated_pos_embed(table, grid, merge)
+    err_torch = rel_err(out, pos_embed_reference(table, grid, merge, side, False))
+    err64 = rel_err(out, pos_embed_reference(table, grid, merge, side, True))
+    print(f"pos embed {grid} {dtype}: vs torch path {err_torch:.2e}, vs float64 {err64:.2e}")
+    assert err_torch < (1e-6 if dtype == torch.float32 else 1e-3)
+    assert err64 < (1e-6 if dtype == torch.float32 else 5e-3)
+
+
+# ---- ViT attention -----------------------------------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [72, 80])
+def test_vit_attention_matches_reference(dtype, head_dim):
+    lengths = [64, 1, 100, 1024, 37, 256]
+    heads = 16
+    g = torch.Generator().manual_seed(head_dim)
+    qkv = torch.randn(sum(lengths), 3, heads, head_dim, generator=g).to(dtype).to(DEVICE)
+    q, k, v = qkv.unbind(1)
+    segments = Segments.build(lengths, DEVICE)
+    scale = head_dim ** -0.5
+    out = vit_attention(q, k, v, segments, scale)
+    ref = varlen_attention_reference(q.double(), k.double(), v.double(), segments, scale)
+    err = rel_err(out, ref)
+    print(f"vit attention d={head_dim} {dtype} via {fused_path(q) or 'sdpa'}: {err:.2e}")
+    if dtype == torch.bfloat16:
+        assert fused_path(q) is not None, "torch.nn.attention.varlen should be present on the GPU box"
+    assert err < tol(dtype)

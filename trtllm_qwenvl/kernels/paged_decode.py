@@ -1,0 +1,135 @@
+"""Paged attention for decode steps (one query token per sequence), split-K over the context, CUDA-graph safe.
+
+A batch of a few long sequences gives too few (sequence, KV head) programs to fill the GPU, so each sequence's
+context is cut into `num_splits` equal ranges attended in parallel; a second pass merges the partial results by
+their log-sum-exp. Graph safety:
+- the split count depends only on host shapes (batch size, KV heads), so it is fixed per captured batch size;
+- each split's range is derived on the device from seq_lens_k: no host reads, no data-dependent host control;
+- the partials live in a workspace sized once (`reserve`) and sliced per batch, never allocated per step.
+The torch reference is `layers.attention_backends.TorchPagedAttention`.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .paged_kv import LOG2E, attend_tile, dot_precision
+
+MAX_SPLITS = 32  # a power of two: the merge loads all slots, masked
+
+
+@triton.jit
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, tables_ptr,
+                        stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head,
+                        stride_table, stride_po_b, stride_po_h, stride_po_s, stride_pl_b, stride_pl_h, scale_log2,
+                        num_splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, kv_len)
+
+    g = tl.arange(0, BLOCK_G)
+    head = kv_head * GROUP + g
+    row_ok = g < GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+
+    table_row = tables_ptr + seq.to(tl.int64) * stride_table
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_ptr + kv_head * stride_head, v_ptr + kv_head * stride_head,
+                                    table_row, n0, end, g, d, stride_block, stride_pos, scale_log2,
+                                    PAGE, BLOCK_N, True, False, PRECISION)
+
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if DIRECT:  # a single split writes the final output and skips the merge
+        o_rows = seq.to(tl.int64) * stride_ot + head * stride_oh
+        tl.store(out_ptr + o_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # An empty split (short context) reports lse = -inf and drops out of the merge.
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        po_rows = seq.to(tl.int64) * stride_po_b + head * stride_po_h + split * stride_po_s
+        tl.store(part_o_ptr + po_rows[:, None] + d[None, :], o, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + seq * stride_pl_b + head * stride_pl_h + split, lse, mask=row_ok)
+
+
+@triton.jit
+def decode_merge_kernel(out_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_po_b, stride_po_h,
+                        stride_po_s, stride_pl_b, stride_pl_h, num_splits,
+                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    lse = tl.load(part_lse_ptr + seq * stride_pl_b + head * stride_pl_h + s, mask=s < num_splits,
+                  other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence (padding row): every weight is zero
+    w = tl.exp2(lse - top)
+    total = tl.sum(w, 0)
+    d = tl.arange(0, HEAD_DIM)
+    base = seq.to(tl.int64) * stride_po_b + head * stride_po_h
+    parts = tl.load(part_o_ptr + base + s[:, None] * stride_po_s + d[None, :], mask=(s < num_splits)[:, None],
+                    other=0.0)
+    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+
+
+class Workspace:
+    """Split-K partials, sized by the largest batch once and sliced per call (no allocation inside a graph)."""
+
+    def __init__(self):
+        self.part_o = torch.empty(0)
+        self.part_lse = torch.empty(0)
+
+    def reserve(self, max_batch: int, num_heads: int, head_dim: int, device) -> None:
+        """Call at engine start with the largest decode batch; later calls only grow it (eager steps)."""
+        want = (max_batch, num_heads, MAX_SPLITS, head_dim)
+        have = self.part_o.shape
+        if len(have) == 4 and self.part_o.device == torch.device(device) and all(
+                h >= w for h, w in zip(have, want)):
+            return
+        self.part_o = torch.empty(want, dtype=torch.float32, device=device)
+        self.part_lse = torch.empty(want[:3], dtype=torch.float32, device=device)
+
+
+WORKSPACE = Workspace()
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """Enough (sequence, KV head, split) programs for about two waves; a function of host shapes only."""
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * sm_count(device), batch * kv_heads)))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                           scale: float, seq_lens_k: torch.Tensor, block_tables: torch.Tensor,
+                           splits: int | None = None) -> None:
+    """out[b] = attention of q[b] (one token of sequence b) over its cached keys; q, out (B, H, D)."""
+    batch, num_heads, head_dim = q.shape
+    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // kv_heads
+    splits = splits or num_splits(batch, kv_heads, q.device)
+    WORKSPACE.reserve(batch, num_heads, head_dim, q.device)
+    part_o, part_lse = WORKSPACE.part_o, WORKSPACE.part_lse
+    decode_split_kernel[(batch, kv_heads, splits)](
+        q, k_cache, v_cache, out, part_o, part_lse, seq_lens_k, block_tables,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, DIRECT=splits == 1, PRECISION=dot_precision(q.dtype),
+        num_warps=4, num_stages=3)
+    if splits > 1:
+        decode_merge_kernel[(batch, num_heads)](
+            out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
+            part_o.stride(2), part_lse.stride(0), part_lse.stride(1), splits,
+            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, num_warps=4)
