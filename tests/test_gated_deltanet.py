@@ -98,3 +98,17 @@ def test_layer_in_chunks_matches_hf_and_snapshot_restores(layers):
         pool.copy(2, 1)
         resumed = run(ours, x, [(slice(28, 40), 1, False, [])])
     assert relative_error(resumed, ref[28:]) <= 1e-5
+
+
+def test_snapshot_at_the_chunk_end(layers):
+    """A chunk ending exactly on a snapshot point (chunked prefill cut at a block boundary) runs no empty segment
+    and saves the same state into the snapshot and the sequence's slot."""
+    theirs, ours = layers
+    pool = StatePool([ours], num_seq_slots=1, num_snapshots=1, device="cpu", dtype=torch.float32)
+    x = 0.5 * torch.randn(40, theirs.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = theirs(x[None])[0]
+        first = run(ours, x, [(slice(0, 16), 0, True, [(16, 1)])])
+        assert torch.equal(pool.conv[:, 1], pool.conv[:, 0]) and torch.equal(pool.recurrent[:, 1], pool.recurrent[:, 0])
+        resumed = run(ours, x, [(slice(16, 40), 1, False, [])])
+    assert relative_error(torch.cat([first, resumed]), ref) <= 1e-5

@@ -6,7 +6,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from trtllm_qwenvl.models.weights import LM_RULES, Rule, apply_rules, load_weights, normalise
+from trtllm_qwenvl import LLM, SamplingParams
+from trtllm_qwenvl.config import LlmArgs
+from trtllm_qwenvl.layers.norm import RMSNorm, ZeroCenteredRMSNorm
+from trtllm_qwenvl.models import tiny
+from trtllm_qwenvl.models.weights import LM_RULES, Rule, apply_rules, load_weights, normalise, randomize_weights
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 4, 2, 1, 2
 Q_ROWS, KV_ROWS = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM  # 4, 2
@@ -238,3 +242,43 @@ def test_custom_rule_renames_before_lookup(tmp_path):
     model = Tiny()
     load_weights(model, write(tmp_path, t), [Rule(r"^visual\.old_proj\.", "visual.proj.")] + LM_RULES)
     assert torch.equal(model.visual.proj.weight, w)
+
+
+# ---- load_format="dummy" -----------------------------------------------------------------------------------
+def config_only_dir(tmp_path):
+    """A tiny Qwen3-VL checkpoint with its weights removed: config, tokenizer and processor files only."""
+    model_dir = tiny.make_tiny("qwen3_vl", tmp_path / "ckpt")
+    for path in model_dir.glob("model*.safetensors*"):
+        path.unlink()
+    return model_dir
+
+
+def test_dummy_load_format_runs_without_weights(tmp_path):
+    model_dir = config_only_dir(tmp_path)
+    with LLM(model_dir, dtype="float32", load_format="dummy", max_seq_len=256) as llm:
+        norms = [m.weight for m in llm.engine.model.modules() if type(m).__name__ == "RMSNorm"]
+        out = llm.generate("Hello there", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
+    weights = torch.cat([w.flatten() for w in norms])
+    assert abs(weights.mean().item() - 1) < 0.01 and 0 < weights.std().item() < 0.1  # near identity, not identity
+
+
+def test_auto_load_format_without_weights_says_so(tmp_path):
+    with pytest.raises(ValueError, match="load_format='dummy'"):
+        LLM(config_only_dir(tmp_path), dtype="float32")
+
+
+def test_dummy_weights_are_seeded_and_centred_per_norm_kind():
+    def build():
+        model = nn.Sequential(nn.Linear(8, 8), RMSNorm(8), ZeroCenteredRMSNorm(8), nn.LayerNorm(8))
+        randomize_weights(model, seed=3)
+        return model
+    a, b = build(), build()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    means = [round(p.mean().item()) for p in a.parameters()]
+    assert means == [0, 0, 1, 0, 1, 0]  # linear w/b, RMSNorm, zero-centred RMSNorm, LayerNorm w/b
+
+
+def test_unknown_load_format_is_rejected():
+    with pytest.raises(ValueError, match="load_format"):
+        LlmArgs(model="unused", load_format="pt")

@@ -25,10 +25,13 @@ class KvCacheConfig:
 
 @dataclass
 class CudaGraphConfig:
-    """Decode CUDA graphs at padded batch sizes (trtllm's `cuda_graph_config`)."""
+    """Decode CUDA graphs at padded batch sizes (trtllm's `cuda_graph_config`).
+
+    Padding is on by default (trtllm's is off) so that every decode batch up to the largest size runs a graph.
+    """
     batch_sizes: list[int] | None = None
-    max_batch_size: int = 0
-    enable_padding: bool = False
+    max_batch_size: int = 0  # 0: the engine's max_batch_size
+    enable_padding: bool = True
 
 
 @dataclass
@@ -42,8 +45,17 @@ NESTED = {"kv_cache_config": KvCacheConfig, "cuda_graph_config": CudaGraphConfig
           "torch_compile_config": TorchCompileConfig}
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 @dataclass
 class LlmArgs:
+    """Arguments of `LLM(...)` and keys of the serve YAML.
+
+    `load_format` (as vLLM's): "auto" reads the checkpoint's safetensors; "dummy" reads none and fills every
+    parameter on its device with seeded random values (norms near identity), so a directory with only config.json,
+    tokenizer and processor files runs at the real model's shape, e.g. for benchmarks.
+    """
     model: str
     tokenizer: str | None = None
     dtype: str = "auto"
@@ -53,8 +65,9 @@ class LlmArgs:
     enable_chunked_prefill: bool = False
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
     device: str | None = None
-    attn_backend: str = "torch"
-    cuda_graph_config: CudaGraphConfig | None = None
+    attn_backend: str = "auto"  # triton on CUDA, torch elsewhere
+    # On by default as in trtllm's PyTorch backend; None (YAML null) turns decode graphs off. CUDA only.
+    cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)
     torch_compile_config: TorchCompileConfig | None = None
     # Media rules, named as in vLLM. Local files (file:// or bare paths) are read only under
     # `allowed_local_media_path`; http(s) only with `allow_remote_media`.
@@ -67,6 +80,7 @@ class LlmArgs:
     media_io_kwargs: dict[str, dict] = field(default_factory=dict)
     disable_vision_encoder: bool = False
     preprocess_workers: int = 4
+    load_format: str = "auto"
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "LlmArgs":
@@ -88,6 +102,8 @@ class LlmArgs:
             raise ValueError(f"limit_mm_per_prompt has unknown modalities {sorted(unknown)}; use image and video")
         if self.preprocess_workers <= 0:
             raise ValueError(f"preprocess_workers must be positive, got {self.preprocess_workers}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"unknown load_format {self.load_format!r}; use one of {list(LOAD_FORMATS)}")
 
     def torch_device(self) -> torch.device:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -61,7 +61,7 @@ def build_model(args: LlmArgs, hf_config, device: torch.device, dtype: torch.dty
     if args.disable_vision_encoder:  # text-only serving of a VL checkpoint: drop the tower before its weights load
         model.visual = None
         model.skip_weights = (*model.skip_weights, "visual.")
-    model.load(args.model)
+    model.load(args.model, args.load_format)
     return model.eval()
 
 
@@ -72,7 +72,7 @@ class LLMEngine:
         hf_config = AutoConfig.from_pretrained(args.model)
         self.device = args.torch_device()
         self.dtype = args.torch_dtype(getattr(hf_config, "dtype", None) or hf_config.text_config.dtype)
-        select_backend(args.attn_backend)
+        select_backend(args.attn_backend, self.device)
         self.model = build_model(args, hf_config, self.device, self.dtype)
         self.processor = InputProcessor(args.tokenizer or args.model, hf_config)
         self.tokenizer = self.processor.tokenizer
@@ -90,13 +90,16 @@ class LLMEngine:
                                    self.state_pool)
         self.encoder = EncoderRunner(self.model, self.device)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
-                                  args.max_num_tokens)
+                                  args.max_num_tokens, args.max_batch_size, self.max_seq_len)
+        if args.cuda_graph_config is not None:
+            self.runner.enable_decode_graphs(args.cuda_graph_config, args.max_batch_size,
+                                             self.state_pool.scratch_slot if self.state_pool else None)
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)
-        for name in ("cuda_graph_config", "torch_compile_config"):
-            if getattr(args, name) is not None:
-                logger.warning("%s is accepted but CUDA graphs are not built yet: every step runs eagerly", name)
+        if args.torch_compile_config is not None:
+            logger.warning("torch_compile_config is accepted but piecewise prefill graphs are not built yet: "
+                           "prefill runs eagerly")
 
     def count_kv_blocks(self) -> int:
         kv = self.args.kv_cache_config

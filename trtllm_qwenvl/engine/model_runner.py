@@ -4,11 +4,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import CudaGraphConfig
 from ..layers.attention import Attention
+from ..layers.attention_backends import active_backend
 from ..layers.forward_context import AttentionMetadata, ForwardContext, StateMetadata, set_context, reset_context
 from ..layers.gated_deltanet import GatedDeltaNet
-from ..utils.h2d import async_tensor_h2d
+from ..utils.h2d import StagingBuffers
+from ..utils.logging import logger
 from ..utils.nvtx import nvtx_range
+from .cuda_graphs import DecodeGraphs, pad_decode
 from .encoder_runner import StepMedia
 from .sampler import gather_logprobs, sample
 from .scheduler import ScheduledSeq
@@ -28,11 +32,13 @@ def kv_bytes_per_token(model, dtype: torch.dtype) -> int:
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 max_num_tokens: int):
+                 max_num_tokens: int, max_batch_size: int, max_seq_len: int):
         self.model = model
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
+        self.max_num_tokens = max_num_tokens
+        self.max_blocks_per_seq = -(-max_seq_len // block_size)
         self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
         first = self.attn_layers[0]
         self.kv_cache = torch.zeros(len(self.attn_layers), 2, num_blocks, block_size, first.num_kv_heads,
@@ -43,6 +49,19 @@ class ModelRunner:
         hidden = model.hf_config.text_config.hidden_size
         self.deepstack = torch.zeros(levels, max_num_tokens, hidden, dtype=dtype, device=device) if levels else None
         self.hybrid = any(isinstance(m, GatedDeltaNet) for m in model.modules())
+        self.staging = StagingBuffers(staging_sizes(max_num_tokens, max_batch_size, self.max_blocks_per_seq), device)
+        self.sampled = torch.zeros(max_batch_size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.sampled_ready = torch.cuda.Event() if device.type == "cuda" else None
+        self.graphs: DecodeGraphs | None = None
+        active_backend().reserve(max_batch_size, first.num_heads, first.head_dim, device)
+
+    def enable_decode_graphs(self, config: CudaGraphConfig, max_batch_size: int, padding_slot: int | None) -> None:
+        """Capture decode graphs (CUDA and a graph-safe attention backend only)."""
+        if self.device.type != "cuda" or not active_backend().graph_safe:
+            logger.info("decode CUDA graphs off: they need CUDA and the triton attention backend")
+            return
+        self.graphs = DecodeGraphs(self, config, max_batch_size, padding_slot)
+        self.graphs.capture()
 
     def build(self, batch: list[ScheduledSeq]):
         """Host-side step inputs, all numpy: one H2D per array afterwards."""
@@ -72,10 +91,9 @@ class ModelRunner:
             "max_q": int(lens.max()), "max_k": max(s.end for s in batch),
         }
 
-    def upload(self, host: dict) -> tuple[dict, AttentionMetadata]:
-        dtypes = {np.dtype(np.int32): torch.int32, np.dtype(np.bool_): torch.bool}
-        dev = {k: async_tensor_h2d(v, dtypes.get(v.dtype, torch.long), self.device)
-               for k, v in host.items() if isinstance(v, np.ndarray)}
+    def stage(self, host: dict) -> tuple[dict, AttentionMetadata]:
+        """Copy the step's arrays into the staging buffers (one non-blocking H2D each)."""
+        dev = {k: self.staging.put(k, v) for k, v in host.items() if isinstance(v, np.ndarray)}
         meta = AttentionMetadata(dev["cu_seqlens_q"], dev["seq_lens_k"], dev["block_tables"], dev["slot_mapping"],
                                  dev["token_seq"], dev["token_pos"], host["max_q"], host["max_k"], self.block_size)
         return dev, meta
@@ -83,9 +101,10 @@ class ModelRunner:
     def state_metadata(self, batch: list[ScheduledSeq], host: dict, dev: dict) -> StateMetadata | None:
         if not self.hybrid:
             return None
+        decode = all(s.num_tokens == 1 and s.start > 0 and not s.snapshots for s in batch)
         return StateMetadata(dev["state_slots"], dev["has_state"], [s.num_tokens for s in batch],
                              host["state_slots"].tolist(), [s.start == 0 for s in batch],
-                             [s.snapshots for s in batch])
+                             [s.snapshots for s in batch], decode)
 
     def embed(self, input_ids: torch.Tensor, media: StepMedia | None) -> torch.Tensor | None:
         if media is None:
@@ -102,23 +121,40 @@ class ModelRunner:
         buf.index_copy_(1, media.rows, media.deepstack.to(buf.dtype))
         return buf
 
+    def graph_size(self, batch: list[ScheduledSeq], media: StepMedia | None) -> int | None:
+        if self.graphs is None or media is not None or any(s.num_tokens != 1 for s in batch):
+            return None
+        size = self.graphs.size_for(len(batch))
+        if size is None:
+            self.graphs.eager_decodes += 1
+        return size
+
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], media: StepMedia | None) -> list[SampledToken]:
         with nvtx_range("prepare"):
             host = self.build(batch)
-            dev, meta = self.upload(host)
-            n = len(host["input_ids"])
-            set_context(ForwardContext(meta, self.step_deepstack(n, media), self.state_metadata(batch, host, dev)))
-            embeds = self.embed(dev["input_ids"], media)
-        try:
-            with nvtx_range("forward"):
-                hidden = self.model(dev["positions"], input_ids=None if embeds is not None else dev["input_ids"],
-                                    inputs_embeds=embeds)
-                logits = self.model.compute_logits(hidden[dev["logits_indices"]]).float()
-        finally:
-            reset_context()
+            size = self.graph_size(batch, media)
+            if size is not None:
+                host = pad_decode(host, size, self.max_blocks_per_seq, self.graphs.padding_slot)
+            dev, meta = self.stage(host)
+        with nvtx_range("forward"):
+            if size is not None:
+                logits = self.graphs.replay(size, len(batch))
+            else:
+                logits = self.forward(batch, media, host, dev, meta)
         with nvtx_range("sample"):
             return self.sample(logits, [s.seq for s in batch if s.samples])
+
+    def forward(self, batch, media: StepMedia | None, host: dict, dev: dict, meta: AttentionMetadata):
+        n = len(host["input_ids"])
+        set_context(ForwardContext(meta, self.step_deepstack(n, media), self.state_metadata(batch, host, dev)))
+        try:
+            embeds = self.embed(dev["input_ids"], media)
+            hidden = self.model(dev["positions"], input_ids=None if embeds is not None else dev["input_ids"],
+                                inputs_embeds=embeds)
+            return self.model.compute_logits(hidden[dev["logits_indices"]]).float()
+        finally:
+            reset_context()
 
     def sample(self, logits: torch.Tensor, seqs) -> list[SampledToken]:
         if not seqs:
@@ -126,11 +162,29 @@ class ModelRunner:
         tokens = sample(logits, seqs)
         want = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
         if not want:
-            return [SampledToken(t) for t in tokens.tolist()]
+            return [SampledToken(t) for t in self.read(tokens)]
         chosen, top_ids, top_values = gather_logprobs(logits, tokens, max(want))
         out = []
-        for seq, t, lp, ids, vals in zip(seqs, tokens.tolist(), chosen.tolist(), top_ids.tolist(),
+        for seq, t, lp, ids, vals in zip(seqs, self.read(tokens), chosen.tolist(), top_ids.tolist(),
                                          top_values.tolist()):
             k = seq.params.logprobs or 0
             out.append(SampledToken(t, lp, dict(zip(ids[:k], vals[:k]))))
         return out
+
+    def read(self, tokens: torch.Tensor) -> list[int]:
+        """The step's one wait on the GPU: sampled ids through a pinned buffer and an event."""
+        if self.sampled_ready is None:
+            return tokens.tolist()
+        host = self.sampled[:tokens.shape[0]]
+        host.copy_(tokens, non_blocking=True)
+        self.sampled_ready.record()
+        self.sampled_ready.synchronize()
+        return host.tolist()
+
+
+def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:
+    long, i32 = torch.long, torch.int32
+    return {"input_ids": (max_tokens, long), "positions": (3 * max_tokens, long), "slot_mapping": (max_tokens, long),
+            "token_seq": (max_tokens, long), "token_pos": (max_tokens, long), "cu_seqlens_q": (max_batch + 1, i32),
+            "seq_lens_k": (max_batch, i32), "block_tables": (max_batch * max_blocks, i32),
+            "logits_indices": (max_batch, long), "state_slots": (max_batch, long), "has_state": (max_batch, torch.bool)}

@@ -1,6 +1,7 @@
 """Token selection for the sampled rows of a step: greedy, temperature, top-k, top-p, per-request seeds."""
 import torch
 
+from ..utils.h2d import async_tensor_h2d
 from .sequence import Sequence
 
 
@@ -23,7 +24,8 @@ def exponential_noise(shape, seqs: list[Sequence], device) -> torch.Tensor:
     for row, seq in enumerate(seqs):
         if seq.generator is not None:
             # Seeded requests draw on the host from their own generator, so results do not depend on batching.
-            noise[row] = torch.empty(shape[1]).exponential_(generator=seq.generator).to(device)
+            noise[row] = async_tensor_h2d(torch.empty(shape[1]).exponential_(generator=seq.generator),
+                                          torch.float, device)
     return noise
 
 
@@ -34,15 +36,16 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return greedy
     device = logits.device
     params = [seq.params for seq in seqs]
-    temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    # Per-row settings go up through pinned memory: a plain torch.tensor(..., device=) would sync the step.
+    temps = async_tensor_h2d([p.temperature or 1.0 for p in params], torch.float, device)
     scaled = logits / temps[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):  # the full-vocab sort is the sampler's costliest op
-        top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_k = async_tensor_h2d([max(p.top_k, 0) for p in params], torch.long, device)
+        top_p = async_tensor_h2d([p.top_p for p in params], torch.float, device)
         scaled = apply_top_k_top_p(scaled, top_k, top_p)
     probs = scaled.softmax(-1)
     sampled = (probs / exponential_noise(probs.shape, seqs, device)).argmax(-1)
-    is_greedy = torch.tensor([p.greedy for p in params], device=device)
+    is_greedy = async_tensor_h2d([p.greedy for p in params], torch.bool, device)
     return torch.where(is_greedy, greedy, sampled)
 
 

@@ -2,7 +2,8 @@
 
 A slot holds, for every Gated DeltaNet layer, the conv state (C, K-1) in the model dtype and the recurrent state
 (H, Dk, Dv) in fp32. The first `max_batch_size` slots belong to running sequences (one each, from admission to
-finish or preemption); the rest hold prefix-cache snapshots (`StateSnapshots`).
+finish or preemption); then come the prefix-cache snapshots (`StateSnapshots`) and one scratch slot, which the
+padding rows of a decode CUDA graph update so that they touch no real state.
 """
 from collections import deque
 
@@ -26,14 +27,15 @@ def bytes_per_slot(layers: list[GatedDeltaNet], dtype: torch.dtype) -> int:
 class StatePool:
     def __init__(self, layers: list[GatedDeltaNet], num_seq_slots: int, num_snapshots: int, device, dtype):
         first = layers[0]
-        total = num_seq_slots + num_snapshots
+        total = num_seq_slots + num_snapshots + 1
         self.conv = torch.zeros(len(layers), total, first.conv_dim, first.conv_kernel - 1, dtype=dtype, device=device)
         self.recurrent = torch.zeros(len(layers), total, first.num_v_heads, first.k_head_dim, first.v_head_dim,
                                      dtype=torch.float32, device=device)
         for layer, conv, recurrent in zip(layers, self.conv, self.recurrent):
             layer.conv_state, layer.recurrent_state = conv, recurrent
         self.free_slots: deque[int] = deque(range(num_seq_slots))
-        self.snapshots = StateSnapshots(range(num_seq_slots, total)) if num_snapshots else None
+        self.scratch_slot = total - 1
+        self.snapshots = StateSnapshots(range(num_seq_slots, self.scratch_slot)) if num_snapshots else None
         self.slot_bytes = bytes_per_slot(layers, dtype)
 
     def allocate(self) -> int:

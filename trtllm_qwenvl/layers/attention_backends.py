@@ -13,6 +13,11 @@ class TorchPagedAttention:
     """Gathers each sequence's pages into a padded (B, max_k) batch and runs one masked SDPA call."""
 
     name = "torch"
+    graph_safe = False  # its plan sizes tensors from the step's host lengths
+
+    @staticmethod
+    def reserve(max_batch: int, num_heads: int, head_dim: int, device) -> None:
+        pass
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> dict:
@@ -51,6 +56,13 @@ class TritonPagedAttention:
     nothing per step, so it can be captured in a CUDA graph."""
 
     name = "triton"
+    graph_safe = True
+
+    @staticmethod
+    def reserve(max_batch: int, num_heads: int, head_dim: int, device) -> None:
+        """Size the split-K workspace for the largest decode batch once, before any graph captures it."""
+        from ..kernels.paged_decode import WORKSPACE
+        WORKSPACE.reserve(max_batch, num_heads, head_dim, device)
 
     @staticmethod
     def plan(meta: AttentionMetadata) -> dict:
@@ -76,8 +88,11 @@ BACKENDS = {"torch": TorchPagedAttention, "triton": TritonPagedAttention}
 _active = TorchPagedAttention
 
 
-def select_backend(name: str):
+def select_backend(name: str, device: torch.device):
+    """`auto` is triton on CUDA and the torch reference elsewhere."""
     global _active
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(BACKENDS)}")
     _active = BACKENDS[name]

@@ -34,6 +34,8 @@ class StateMetadata:
     fresh: list[bool]
     # Per sequence: (tokens into this chunk, snapshot slot) where the state is also saved for prefix caching.
     snapshots: list[list[tuple[int, int]]]
+    # Every sequence brings one token on top of its state and saves no snapshot: one batched update by slot.
+    decode: bool = False
 
 
 @dataclass

@@ -14,9 +14,10 @@ from .forward_context import StateMetadata, get_context
 from .norm import GatedRMSNorm
 
 
-def delta_rule_kernels(device: torch.device):
-    """(chunked, recurrent) gated delta rule: fla's Triton kernels on CUDA when importable, else the torch ones."""
-    if device.type == "cuda":
+def delta_rule_kernels(device: torch.device, dtype: torch.dtype):
+    """(chunked, recurrent) gated delta rule: fla's Triton kernels on CUDA when importable, else the torch ones.
+    fla's chunked kernel refuses fp32 inputs, so fp32 models (parity runs) keep the torch ones."""
+    if device.type == "cuda" and dtype != torch.float32:
         try:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
             return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
@@ -44,7 +45,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(v_head_dim, eps)
         self.out_proj = nn.Linear(value_dim, hidden_size, bias=False)
-        self.chunk_rule, self.recurrent_rule = delta_rule_kernels(self.A_log.device)
+        self.chunk_rule, self.recurrent_rule = delta_rule_kernels(self.A_log.device, self.A_log.dtype)
         # Bound to views of the engine's state pool by the model runner: (slots, C, K-1) and (slots, H, Dk, Dv).
         self.conv_state = torch.empty(0)
         self.recurrent_state = torch.empty(0)
@@ -54,10 +55,26 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        out = torch.cat([self.mix(mixed[lo:hi], beta[lo:hi], g[lo:hi], meta, i)
-                         for i, (lo, hi) in enumerate(row_ranges(meta.query_lens))])
+        if meta.decode:
+            out = self.decode(mixed, beta, g, meta.slots)
+        else:
+            out = torch.cat([self.mix(mixed[lo:hi], beta[lo:hi], g[lo:hi], meta, i)
+                             for i, (lo, hi) in enumerate(row_ranges(meta.query_lens))])
         out = self.norm(out.reshape(-1, self.v_head_dim), z.reshape(-1, self.v_head_dim))
         return self.out_proj(out.reshape(x.shape[0], -1))
+
+    def decode(self, mixed, beta, g, slots: torch.Tensor) -> torch.Tensor:
+        """One token per sequence, all sequences at once: states gathered and scattered by slot on the device, so
+        the step reads no host value and a CUDA graph can capture it."""
+        window = torch.cat([self.conv_state[slots], mixed[:, :, None].to(self.conv_state.dtype)], dim=-1)
+        y = F.silu((window * self.conv_weight).sum(-1).to(mixed.dtype))
+        self.conv_state.index_copy_(0, slots, window[:, :, 1:])
+        q, k, v = self.heads(y)
+        o, state = self.recurrent_rule(q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None],
+                                       initial_state=self.recurrent_state[slots], output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True)
+        self.recurrent_state.index_copy_(0, slots, state.float())
+        return o[:, 0]
 
     def mix(self, mixed, beta, g, meta: StateMetadata, i: int) -> torch.Tensor:
         """One sequence's chunk: conv, then the delta rule from its slot's state, saving snapshots on the way."""
@@ -70,12 +87,14 @@ class GatedDeltaNet(nn.Module):
         state = None if fresh else self.recurrent_state[slot][None]
         outs, start = [], 0
         for end, dst in cuts + [(length, slot)]:
-            rule = self.recurrent_rule if end - start == 1 else self.chunk_rule
-            o, state = rule(q[None, start:end], k[None, start:end], v[None, start:end], g[None, start:end],
-                            beta[None, start:end], initial_state=state, output_final_state=True,
-                            use_qk_l2norm_in_kernel=True)
+            if end > start:  # a snapshot at the chunk's end leaves no tokens before the slot's own save
+                rule = self.recurrent_rule if end - start == 1 else self.chunk_rule
+                # g and beta by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta).
+                o, state = rule(q[None, start:end], k[None, start:end], v[None, start:end], g=g[None, start:end],
+                                beta=beta[None, start:end], initial_state=state, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True)
+                outs.append(o[0])
             self.recurrent_state[dst] = state[0]
-            outs.append(o[0])
             start = end
         return torch.cat(outs)
 

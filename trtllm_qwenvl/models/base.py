@@ -8,7 +8,7 @@ from ..layers.attention import Attention
 from ..layers.decoder import DecoderLayer, TextModel
 from ..layers.mlp import GatedMLP
 from ..layers.rotary import MRotaryEmbedding
-from .weights import LM_RULES, Rule, load_weights
+from .weights import LM_RULES, Rule, load_weights, randomize_weights
 
 
 @dataclass
@@ -49,7 +49,10 @@ class VLForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def load(self, model_dir) -> None:
+    def load(self, model_dir, load_format: str = "auto") -> None:
+        if load_format == "dummy":
+            randomize_weights(self)
+            return
         tied = {"lm_head.weight": "language_model.embed_tokens.weight"} if self.tie_word_embeddings else None
         load_weights(self, model_dir, self.vision_rules + LM_RULES, skip=self.skip_weights, tied=tied)
 

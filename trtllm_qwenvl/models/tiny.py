@@ -233,10 +233,13 @@ def vision_geometry(arch: str) -> dict:
     return {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": half, "image_std": half}
 
 
-def build_processor(arch: str) -> transformers.ProcessorMixin:
+def build_processor(arch: str, image_size: dict | None = None, video_size: dict | None = None
+                    ) -> transformers.ProcessorMixin:
+    """The arch's processor with tiny resolution limits, or the given `{shortest_edge, longest_edge}` pixel bounds
+    (perf/model_shapes.py passes the published ones)."""
     geometry = vision_geometry(arch)
     image_processor = transformers.Qwen2VLImageProcessor(
-        **geometry, size={"shortest_edge": MIN_IMAGE_PIXELS, "longest_edge": MAX_IMAGE_PIXELS}
+        **geometry, size=image_size or {"shortest_edge": MIN_IMAGE_PIXELS, "longest_edge": MAX_IMAGE_PIXELS}
     )
     if arch == "qwen2_5_vl":
         processor_class, video_class = transformers.Qwen2_5_VLProcessor, transformers.Qwen2VLVideoProcessor
@@ -247,7 +250,7 @@ def build_processor(arch: str) -> transformers.ProcessorMixin:
         max_video_pixels = 8 * MAX_VIDEO_FRAME_PIXELS
     video_processor = video_class(
         **geometry,
-        size={"shortest_edge": MIN_IMAGE_PIXELS, "longest_edge": max_video_pixels},
+        size=video_size or {"shortest_edge": MIN_IMAGE_PIXELS, "longest_edge": max_video_pixels},
         # Frames go in as decoded, so token counts follow the input; callers opt into fps sampling.
         do_sample_frames=False,
         fps=VIDEO_FPS,

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from ..layers.norm import ZeroCenteredRMSNorm
 from ..utils.logging import logger
 
 # Published Qwen checkpoints come in two layouts: `visual.*` + `model.*` (Qwen2.5-VL) and
@@ -50,7 +51,8 @@ def iterate_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tenso
     else:
         files = sorted(p.name for p in model_dir.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no safetensors weights found in {model_dir}")
+        raise ValueError(f"no safetensors weights found in {model_dir}; pass load_format='dummy' to run it with "
+                         "random weights")
     for name in files:
         with safe_open(model_dir / name, framework="pt") as f:
             for key in f.keys():
@@ -125,3 +127,32 @@ def load_weights(model: nn.Module, model_dir: str | Path, rules: list[Rule], ski
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     if skipped:
         logger.info("ignored %d checkpoint tensors matching %s", skipped, skip)
+
+
+# (mean, std) of dummy weights by parameter name: Gated DeltaNet's decay stays sane (A_log near -3 with dt_bias
+# near 1 gives a per-token decay near 0.95), so the recurrent state neither vanishes nor blows up.
+DUMMY_INIT = {"A_log": (-3.0, 0.1), "dt_bias": (1.0, 0.1)}
+DUMMY_STD = 0.02
+
+
+def dummy_init(module: nn.Module, leaf: str) -> tuple[float, float]:
+    if leaf in DUMMY_INIT:
+        return DUMMY_INIT[leaf]
+    if "Norm" not in type(module).__name__:
+        return 0.0, DUMMY_STD
+    # Norm weights near identity: 1 for plain norms, 0 for zero-centred (1 + w) ones; biases near 0.
+    return (0.0 if leaf != "weight" or isinstance(module, ZeroCenteredRMSNorm) else 1.0), DUMMY_STD
+
+
+@torch.no_grad()
+def randomize_weights(model: nn.Module, seed: int = 0) -> None:
+    """Fill every parameter in place on its own device with seeded normal noise (load_format="dummy")."""
+    generators: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():  # a tied parameter comes once
+        if param.is_meta:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        mean, std = dummy_init(model.get_submodule(owner), leaf)
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+        param.normal_(mean, std, generator=generators[param.device])

@@ -18,3 +18,32 @@ def async_tensor_h2d(data, dtype: torch.dtype, device: torch.device | str) -> to
     if not cpu.is_pinned():
         cpu = cpu.pin_memory()
     return cpu.to(device, non_blocking=True)
+
+
+class StagingBuffers:
+    """Named device buffers sized once from the engine limits, each with a pinned host twin.
+
+    `put` writes a step's array into the twin and copies it with one non-blocking H2D into the front of the
+    device buffer, so a step allocates nothing and the device addresses never change: CUDA graphs read these
+    buffers as their static inputs. Each buffer is flat, so every staged region is one contiguous copy.
+    Rewriting a twin is safe once the previous step's sampled tokens have been read, which waits on its copies.
+    """
+
+    def __init__(self, sizes: dict[str, tuple[int, torch.dtype]], device: torch.device):
+        self.device = device
+        self.on_cpu = device.type == "cpu"
+        self.device_bufs = {name: torch.zeros(n, dtype=dtype, device=device) for name, (n, dtype) in sizes.items()}
+        self.host_bufs = {} if self.on_cpu else {
+            name: torch.zeros(n, dtype=dtype, pin_memory=True) for name, (n, dtype) in sizes.items()}
+
+    def put(self, name: str, data: np.ndarray) -> torch.Tensor:
+        """The device view of `data` (same shape) at the front of buffer `name`."""
+        dst = self.device_bufs[name][:data.size]
+        if self.on_cpu:
+            return dst.copy_(torch.from_numpy(data.reshape(-1))).view(data.shape)
+        src = self.host_bufs[name][:data.size]
+        src.numpy()[:] = data.reshape(-1)
+        return dst.copy_(src, non_blocking=True).view(data.shape)
+
+    def view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.device_bufs[name][:int(np.prod(shape))].view(shape)
