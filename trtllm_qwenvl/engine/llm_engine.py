@@ -62,7 +62,7 @@ def build_model(args: LlmArgs, hf_config, device: torch.device, dtype: torch.dty
         model.visual = None
         model.skip_weights = (*model.skip_weights, "visual.")
     model.load(args.model, args.load_format)
-    return model.eval()
+    return model.eval().requires_grad_(False)
 
 
 class LLMEngine:
@@ -83,6 +83,7 @@ class LLMEngine:
         self.state_pool = build_state_pool(self.model, args.max_batch_size,
                                            kv.max_state_snapshots if kv.enable_block_reuse else 0, self.device,
                                            self.dtype)
+        self.log_memory("model load")
         num_blocks = self.count_kv_blocks()
         self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse,
                                    self.state_pool.snapshots if self.state_pool else None)
@@ -91,15 +92,24 @@ class LLMEngine:
         self.encoder = EncoderRunner(self.model, self.device)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens, args.max_batch_size, self.max_seq_len)
+        self.log_memory("KV cache allocated")
         if args.cuda_graph_config is not None:
             self.runner.enable_decode_graphs(args.cuda_graph_config, args.max_batch_size,
                                              self.state_pool.scratch_slot if self.state_pool else None)
+            self.log_memory("decode graphs captured")
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)
         if args.torch_compile_config is not None:
             logger.warning("torch_compile_config is accepted but piecewise prefill graphs are not built yet: "
                            "prefill runs eagerly")
+
+    def log_memory(self, when: str) -> None:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            logger.info("GPU memory after %s: %.2f GiB allocated, %.2f GiB reserved, %.2f GiB free", when,
+                        torch.cuda.memory_allocated(self.device) / 2 ** 30,
+                        torch.cuda.memory_reserved(self.device) / 2 ** 30, free / 2 ** 30)
 
     def count_kv_blocks(self) -> int:
         kv = self.args.kv_cache_config

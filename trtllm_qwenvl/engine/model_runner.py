@@ -60,6 +60,9 @@ class ModelRunner:
         if self.device.type != "cuda" or not active_backend().graph_safe:
             logger.info("decode CUDA graphs off: they need CUDA and the triton attention backend")
             return
+        if not all(getattr(m, "cuda_graph_safe", True) for m in self.model.modules()):
+            logger.info("decode CUDA graphs off: the MoE layers' torch dispatch syncs the host")
+            return
         self.graphs = DecodeGraphs(self, config, max_batch_size, padding_slot)
         self.graphs.capture()
 

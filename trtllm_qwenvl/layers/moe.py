@@ -30,6 +30,9 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, we
 
 
 class SparseMoE(nn.Module):
+    # The torch expert dispatch reads per-expert token counts on the host, which a CUDA graph cannot capture.
+    cuda_graph_safe = False
+
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool = True, act: str = "silu", shared_intermediate_size: int = 0):
         super().__init__()
