@@ -5,11 +5,14 @@ cos/sin tables are computed once at init; a step only gathers rows from them.
 import torch
 from torch import nn
 
+from .fused import fused_on_cuda
+
 
 def inverse_frequencies(rotary_dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
 
 
+@fused_on_cuda
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary on the first 2*cos.shape[-1] dims of x (..., heads, head_dim); cos/sin are (N, rd/2)."""
     half = cos.shape[-1]
