@@ -41,3 +41,16 @@ def test_slot_bytes():
                                            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=32)
     pool = StatePool(layers_of(small), 2, 1, "cpu", torch.float32)
     assert pool.slot_bytes == (pool.conv[:, 0].nbytes + pool.recurrent[:, 0].nbytes)
+
+
+def test_hybrid_without_snapshots_serves_without_reuse(checkpoints):
+    """No snapshot slots means no hybrid prefix can be restored: block reuse turns off instead of half-working."""
+    from trtllm_qwenvl import LLM, SamplingParams
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with LLM(checkpoints("qwen3_5"), dtype="float32",
+             kv_cache_config={"tokens_per_block": 16, "max_state_snapshots": 0}) as llm:
+        first, second = llm.generate(["The same prompt, twice over. " * 4] * 2, params, use_tqdm=False)
+        blocks = llm.engine.blocks
+        all_free = blocks.num_free_blocks == blocks.num_blocks
+    assert not blocks.enable_reuse and all_free
+    assert second.num_cached_tokens == 0 and first.outputs[0].token_ids == second.outputs[0].token_ids

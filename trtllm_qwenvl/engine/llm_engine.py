@@ -85,8 +85,10 @@ class LLMEngine:
                                            self.dtype)
         self.log_memory("model load")
         num_blocks = self.count_kv_blocks()
-        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, kv.enable_block_reuse,
-                                   self.state_pool.snapshots if self.state_pool else None)
+        snapshots = self.state_pool.snapshots if self.state_pool else None
+        # A hybrid reuses a prefix only with its state snapshot: with none kept, there is nothing to reuse.
+        reuse = kv.enable_block_reuse and (self.state_pool is None or snapshots is not None)
+        self.blocks = BlockManager(num_blocks, kv.tokens_per_block, reuse, snapshots)
         self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill,
                                    self.state_pool)
         self.encoder = EncoderRunner(self.model, self.device)
