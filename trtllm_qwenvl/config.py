@@ -41,8 +41,33 @@ class TorchCompileConfig:
     capture_num_tokens: list[int] | None = None
 
 
+@dataclass
+class EncoderCudaGraphConfig:
+    """Vision-encoder CUDA graphs at token budgets: powers of two from `min_tokens` to `max_tokens` patches. A batch
+    with more items than `max_items`, more frames than `max_frames`, or more patches than the largest budget runs
+    eagerly."""
+    min_tokens: int = 1024
+    max_tokens: int = 16384
+    max_items: int = 8
+    max_frames: int = 64
+
+    def __post_init__(self):
+        if not 0 < self.min_tokens <= self.max_tokens:
+            raise ValueError(f"encoder_cuda_graph needs 0 < min_tokens <= max_tokens, got {self.min_tokens}, "
+                             f"{self.max_tokens}")
+
+
+@dataclass
+class MultimodalConfig:
+    encoder_cuda_graph: EncoderCudaGraphConfig | None = None  # off unless given
+
+    def __post_init__(self):
+        if isinstance(self.encoder_cuda_graph, dict):
+            self.encoder_cuda_graph = nested(EncoderCudaGraphConfig, "encoder_cuda_graph", self.encoder_cuda_graph)
+
+
 NESTED = {"kv_cache_config": KvCacheConfig, "cuda_graph_config": CudaGraphConfig,
-          "torch_compile_config": TorchCompileConfig}
+          "torch_compile_config": TorchCompileConfig, "multimodal_config": MultimodalConfig}
 
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -69,6 +94,7 @@ class LlmArgs:
     # On by default as in trtllm's PyTorch backend; None (YAML null) turns decode graphs off. CUDA only.
     cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)
     torch_compile_config: TorchCompileConfig | None = None
+    multimodal_config: MultimodalConfig = field(default_factory=MultimodalConfig)
     # Media rules, named as in vLLM. Local files (file:// or bare paths) are read only under
     # `allowed_local_media_path`; http(s) only with `allow_remote_media`.
     allowed_local_media_path: str | None = None
@@ -92,8 +118,9 @@ class LlmArgs:
             value = kwargs.get(name)
             if isinstance(value, dict):
                 kwargs[name] = nested(config_cls, name, value)
-        if kwargs.get("kv_cache_config", 0) is None:
-            kwargs.pop("kv_cache_config")
+        for name in ("kv_cache_config", "multimodal_config"):  # null in YAML means the defaults
+            if kwargs.get(name, 0) is None:
+                kwargs.pop(name)
         return cls(**kwargs)
 
     def __post_init__(self):

@@ -4,10 +4,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import EncoderCudaGraphConfig
 from ..models.base import VisionOutput
 from ..utils.device_timer import DeviceTimer
 from ..utils.h2d import async_tensor_h2d
+from ..utils.logging import logger
 from ..utils.nvtx import nvtx_range
+from .encoder_cuda_graphs import EncoderGraphs
 from .scheduler import ScheduledSeq
 from .sequence import MMItem, Sequence
 
@@ -33,6 +36,15 @@ class EncoderRunner:
         self.users: dict[int, set[int]] = {}
         self.timer = DeviceTimer(device)
         self.items_encoded = 0
+        self.graphs: EncoderGraphs | None = None
+        self.use_graphs = True  # a switch for benchmarks comparing graphs on and off in one run
+
+    def enable_graphs(self, config: EncoderCudaGraphConfig, dtype: torch.dtype) -> None:
+        if self.model.visual is None or not EncoderGraphs.usable(dtype, self.device):
+            logger.info("vision encoder CUDA graphs off: they need CUDA, bf16/fp16 and a varlen attention kernel")
+            return
+        self.graphs = EncoderGraphs(self.model.visual, config, dtype, self.device)
+        self.graphs.capture()
 
     def items_in(self, batch: list[ScheduledSeq]):
         for s in batch:
@@ -59,8 +71,11 @@ class EncoderRunner:
     def encode(self, items: list[MMItem]) -> None:
         with nvtx_range("vision_encode"), self.timer.time():
             pixels = torch.cat([item.pixel_values for item in items])
-            out = self.model.encode(async_tensor_h2d(pixels, pixels.dtype, self.device),
-                                    [item.grid_thw for item in items])
+            pixels = async_tensor_h2d(pixels, pixels.dtype, self.device)
+            grids = [item.grid_thw for item in items]
+            out = self.graphs.run(pixels, grids) if self.graphs is not None and self.use_graphs else None
+            if out is None:
+                out = self.model.encode(pixels, grids)
         sizes = [item.num_tokens for item in items]
         embeds = out.embeds.split(sizes)
         deepstack = out.deepstack.split(sizes, dim=1) if out.deepstack is not None else [None] * len(items)

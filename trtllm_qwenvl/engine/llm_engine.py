@@ -99,6 +99,9 @@ class LLMEngine:
             self.runner.enable_decode_graphs(args.cuda_graph_config, args.max_batch_size,
                                              self.state_pool.scratch_slot if self.state_pool else None)
             self.log_memory("decode graphs captured")
+        if args.multimodal_config.encoder_cuda_graph is not None:
+            self.encoder.enable_graphs(args.multimodal_config.encoder_cuda_graph, self.dtype)
+            self.log_memory("vision encoder graphs captured")
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)

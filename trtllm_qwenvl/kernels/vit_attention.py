@@ -43,6 +43,6 @@ def vit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments, s
         if VARLEN_TAKES_SCALE:
             return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale)
         return varlen_attn(q * (scale * q.shape[-1] ** 0.5), k, v, cu, cu, max_len, max_len)
-    # Imported here: layers.vision_attention is where this module gets wired in.
+    # Imported here: layers.vision_attention imports this module.
     from ..layers.vision_attention import varlen_attention_reference
     return varlen_attention_reference(q, k, v, segments, scale)

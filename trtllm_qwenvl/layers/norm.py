@@ -5,31 +5,40 @@ from torch import nn
 from .fused import fused_on_cuda
 
 
-@fused_on_cuda
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """weight * normalise(x [+ residual]) in fp32, cast back before the weight (as HF's Qwen2/Qwen3); with a
-    residual, also returns the sum, which is the next residual."""
-    if residual is not None:
-        x = x + residual
+def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
-    out = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return out if residual is None else (out, x)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 @fused_on_cuda
-def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * normalise(x) in fp32, cast back before the weight (as HF's Qwen2/Qwen3); x is 2-D."""
+    return weight * normalize(x, eps).to(x.dtype)
+
+
+@fused_on_cuda
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """rms_norm(x + residual) and the sum, which is the next residual."""
+    x = x + residual
+    return weight * normalize(x, eps).to(x.dtype), x
+
+
+@fused_on_cuda
+def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3.5's norm: the weight is an offset from 1 and scales the fp32 normalised value."""
-    if residual is not None:
-        x = x + residual
-    xf = x.float()
-    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
-    return out if residual is None else (out, x)
+    return (normalize(x, eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+@fused_on_cuda
+def add_zero_centred_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    x = x + residual
+    return (normalize(x, eps) * (1.0 + weight.float())).to(x.dtype), x
 
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32; with `residual` it first adds it, fusing the residual add into the norm."""
 
-    kernel = staticmethod(rms_norm)
+    kernels = (rms_norm, add_rms_norm)
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -37,13 +46,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self.kernel(x, self.weight, self.eps, residual)
+        plain, add = self.kernels
+        flat = x.reshape(-1, x.shape[-1])  # per-head q/k norms come as (N, heads, D)
+        if residual is None:
+            return plain(flat, self.weight, self.eps).view(x.shape)
+        out, total = add(flat, residual.reshape(flat.shape), self.weight, self.eps)
+        return out.view(x.shape), total.view(x.shape)
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
     """Qwen3.5's RMSNorm: the weight is stored as an offset from 1, and scales the fp32 normalised value."""
 
-    kernel = staticmethod(zero_centred_rms_norm)
+    kernels = (zero_centred_rms_norm, add_zero_centred_rms_norm)
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.vit_attention import vit_attention
 from ..utils.h2d import async_tensor_h2d
 from .rotary import apply_rotary
 
@@ -46,5 +47,5 @@ class VisionAttention(nn.Module):
         # Rotary in fp32, as the reference towers do, then back to the activation dtype.
         q = apply_rotary(q.float(), *cos_sin).to(x.dtype)
         k = apply_rotary(k.float(), *cos_sin).to(x.dtype)
-        out = varlen_attention_reference(q, k, v, segments, self.head_dim ** -0.5)
+        out = vit_attention(q, k, v, segments, self.head_dim ** -0.5)
         return self.proj(out.reshape(s, -1))

@@ -10,7 +10,7 @@ from ..layers.vision_attention import Segments
 from ..utils.h2d import async_tensor_h2d
 from .base import VisionOutput, VLForCausalLM, build_text_model
 from .registry import register
-from .vision_common import GridCache, PatchMerger, VisionBlock, merge_order_hw
+from .vision_common import GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, merge_order_hw
 from .weights import Rule
 
 
@@ -26,12 +26,13 @@ def window_index(t: int, h: int, w: int, merge: int, window: int) -> tuple[np.nd
     return flat[flat >= 0], (lens[lens > 0] * merge * merge).tolist()
 
 
-class Qwen2_5VisionTower(nn.Module):
+class Qwen2_5VisionTower(VisionTower):
     def __init__(self, vc):
         super().__init__()
         self.merge = vc.spatial_merge_size
         self.unit = self.merge ** 2
         self.window = vc.window_size // self.merge // vc.patch_size
+        self.max_segment = {"windows": self.window ** 2 * self.unit}
         self.fullatt = set(vc.fullatt_block_indexes)
         self.patch_embed = nn.Linear(vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2, vc.hidden_size,
                                      bias=False)
@@ -58,19 +59,21 @@ class Qwen2_5VisionTower(nn.Module):
         return {"cos": cos, "sin": sin, "order": async_tensor_h2d(order, torch.long, device),
                 "window_lens": window_lens, "frame_lens": [h * w] * t, "units": len(order)}
 
-    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput:
+    def prepare(self, grids: list[tuple[int, int, int]]) -> VisionInputs:
         entries = [self.grids.get(tuple(g)) for g in grids]
         offsets = np.concatenate(([0], np.cumsum([e["units"] for e in entries])[:-1]))
         order = torch.cat([e["order"] + int(off) for e, off in zip(entries, offsets)])
-        cos_sin = (torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]))
-        device = order.device
-        full = Segments.build(sum((e["frame_lens"] for e in entries), []), device)
-        windows = Segments.build(sum((e["window_lens"] for e in entries), []), device)
-        x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))
-        x = x.view(-1, self.unit, x.shape[-1])[order].view(-1, x.shape[-1])
+        return VisionInputs(torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]), None,
+                            order, {"frames": sum((e["frame_lens"] for e in entries), []),
+                                    "windows": sum((e["window_lens"] for e in entries), [])})
+
+    def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]) -> VisionOutput:
+        """`pixels` in window order; the merged rows come out in window order too."""
+        cos_sin = (inputs.cos, inputs.sin)
+        x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
         for i, block in enumerate(self.blocks):
-            x = block(x, cos_sin, full if i in self.fullatt else windows)
-        return VisionOutput(self.merger(x)[torch.argsort(order)])
+            x = block(x, cos_sin, segments["frames"] if i in self.fullatt else segments["windows"])
+        return VisionOutput(self.merger(x))
 
 
 @register("Qwen2_5_VLForConditionalGeneration")

@@ -10,7 +10,7 @@ from ..layers.vision_attention import Segments
 from ..utils.h2d import async_tensor_h2d
 from .base import VisionOutput, VLForCausalLM, build_text_model
 from .registry import register
-from .vision_common import GridCache, PatchMerger, VisionBlock, merge_order_hw
+from .vision_common import GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, merge_order_hw
 from .weights import Rule
 
 
@@ -30,10 +30,11 @@ def bilinear_taps(hw: np.ndarray, h: int, w: int, side: int) -> tuple[np.ndarray
     return index, weight
 
 
-class Qwen3VisionTower(nn.Module):
+class Qwen3VisionTower(VisionTower):
     def __init__(self, vc):
         super().__init__()
         self.merge = vc.spatial_merge_size
+        self.unit = self.merge ** 2
         self.side = int(vc.num_position_embeddings ** 0.5)
         self.patch_embed = nn.Linear(vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2, vc.hidden_size)
         self.pos_embed = nn.Embedding(vc.num_position_embeddings, vc.hidden_size)
@@ -66,15 +67,18 @@ class Qwen3VisionTower(nn.Module):
         return {"cos": cos.repeat(t, 1), "sin": sin.repeat(t, 1), "pos": pos.to(taps.dtype).repeat(t, 1),
                 "frame_lens": [h * w] * t}
 
-    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput:
+    def prepare(self, grids: list[tuple[int, int, int]]) -> VisionInputs:
         entries = [self.grids.get(tuple(g)) for g in grids]
-        cos_sin = (torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]))
-        frames = Segments.build(sum((e["frame_lens"] for e in entries), []), cos_sin[0].device)
-        x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))
-        x = x + torch.cat([e["pos"] for e in entries])
+        return VisionInputs(torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]),
+                            torch.cat([e["pos"] for e in entries]), None,
+                            {"frames": sum((e["frame_lens"] for e in entries), [])})
+
+    def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]) -> VisionOutput:
+        cos_sin = (inputs.cos, inputs.sin)
+        x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype)) + inputs.pos
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos_sin, frames)
+            x = block(x, cos_sin, segments["frames"])
             if i in self.deepstack_indexes:
                 deepstack.append(self.deepstack_merger_list[self.deepstack_indexes.index(i)](x))
         return VisionOutput(self.merger(x), torch.stack(deepstack) if deepstack else None)

@@ -1,5 +1,7 @@
-"""Vision-tower pieces shared by the Qwen families: blocks, patch mergers, and the per-grid LRU cache."""
+"""Vision-tower pieces shared by the Qwen families: the tower's prepare/run split, blocks, patch mergers, and the
+per-grid LRU cache."""
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -8,6 +10,53 @@ from torch import nn
 
 from ..layers.mlp import ACTIVATIONS
 from ..layers.vision_attention import Segments, VisionAttention
+
+
+@dataclass
+class VisionInputs:
+    """Everything a batch of grids adds to the pixels, built from the grid cache without looking at the pixels."""
+    cos: torch.Tensor                # (S, head_dim / 2) rotary, patches in attention order
+    sin: torch.Tensor
+    pos: torch.Tensor | None         # (S, hidden): Qwen3-VL's interpolated position embeddings
+    order: torch.Tensor | None       # Qwen2.5-VL: merge units in window order
+    segments: dict[str, list[int]]   # patch counts of the attention segments, per kind ("frames", "windows")
+
+
+class VisionTower(nn.Module):
+    """A tower is `prepare(grids)` (per-grid tensors, cached) then `run(pixels, inputs, segments)` (the blocks).
+
+    The split lets the encoder's CUDA graphs replay `run` on static buffers after an eager `prepare`. Towers that
+    attend in another order than the processor's (Qwen2.5-VL's windows) permute the pixels in and the rows out.
+    """
+
+    unit: int  # patches per LM token (merge x merge)
+    max_segment: dict[str, int] = {}  # the longest segment of a kind, where the grid does not bound it
+
+    def prepare(self, grids: list[tuple[int, int, int]]) -> VisionInputs:
+        raise NotImplementedError
+
+    def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]):
+        raise NotImplementedError
+
+    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]]):
+        inputs = self.prepare(grids)
+        segments = {kind: Segments.build(lens, inputs.cos.device) for kind, lens in inputs.segments.items()}
+        out = self.run(to_attention_order(pixel_values, inputs.order, self.unit), inputs, segments)
+        return from_attention_order(out, inputs.order)
+
+
+def to_attention_order(pixels: torch.Tensor, order: torch.Tensor | None, unit: int) -> torch.Tensor:
+    if order is None:
+        return pixels
+    return pixels.view(-1, unit, pixels.shape[-1])[order].view(-1, pixels.shape[-1])
+
+
+def from_attention_order(out, order: torch.Tensor | None):
+    """Merged rows back in the processor's order (the embeds of a VisionOutput; towers that reorder have no
+    deepstack)."""
+    if order is None:
+        return out
+    return type(out)(out.embeds[torch.argsort(order)])
 
 
 class VisionBlock(nn.Module):

@@ -1,0 +1,148 @@
+"""CUDA graphs for the vision tower (`multimodal_config.encoder_cuda_graph`), images and videos alike.
+
+The model side of the protocol is `VisionTower.prepare` (per-grid tensors, eager and cached) and `VisionTower.run`
+(the blocks and mergers), which a graph replays on static buffers. This side owns the budgets: one graph per power
+of two patches, captured largest first in one pool; a batch is packed into the smallest budget that holds it.
+Padding patches form extra segments that attend only among themselves (zero pixels), cut no longer than the
+kind's longest real segment (Qwen2.5-VL windows), and the cu_seqlens tail repeats the budget, i.e. empty
+segments, so the segment count and the varlen kernel's max length are fixed per graph and stay tight. A batch that
+fits no graph (too many patches, items or frames) runs eagerly; `hits` and `misses` count both.
+
+Graphs need the fused varlen ViT attention (CUDA, bf16/fp16): the SDPA-per-segment fallback loops over host
+lengths, which a capture would freeze.
+"""
+import numpy as np
+import torch
+
+from ..config import EncoderCudaGraphConfig
+from ..kernels.vit_attention import fused_path
+from ..layers.vision_attention import Segments
+from ..models.base import VisionOutput
+from ..models.vision_common import VisionInputs, from_attention_order, to_attention_order
+from ..utils.logging import logger
+
+
+def budgets(config: EncoderCudaGraphConfig) -> list[int]:
+    sizes, size = [], config.min_tokens
+    while size < config.max_tokens:
+        sizes.append(size)
+        size *= 2
+    return sizes + [config.max_tokens]
+
+
+class StaticInputs:
+    """One graph's inputs: the front rows of the shared buffers, `budget` patch rows in all."""
+
+    def __init__(self, buffers: dict, budget: int, tower, max_frames: int):
+        self.pixels = buffers["pixels"][:budget]
+        self.cos, self.sin = buffers["cos"][:budget], buffers["sin"][:budget]
+        self.pos = buffers["pos"][:budget] if "pos" in buffers else None
+        self.cu = {kind: buf[:segment_slots(kind, budget, tower.unit, max_frames)]
+                   for kind, buf in buffers["cu"].items()}
+        self.max_len = {kind: tower.max_segment.get(kind, budget) for kind in self.cu}
+        self.segments = {kind: Segments([], cu, self.max_len[kind]) for kind, cu in self.cu.items()}
+        self.inputs = VisionInputs(self.cos, self.sin, self.pos, None, {})
+
+    def cu_seqlens(self, kind: str, lens: list[int], budget: int) -> np.ndarray | None:
+        """Real segments, then padding pieces no longer than the kind's longest segment, then empty segments; None
+        when they do not fit the graph's segment slots."""
+        pad, piece = budget - sum(lens), self.max_len[kind]
+        pieces = [piece] * (pad // piece) + ([pad % piece] if pad % piece else [])
+        bounds = np.cumsum([0] + list(lens) + pieces)
+        if len(bounds) > self.cu[kind].shape[0]:
+            return None
+        cu = np.full(self.cu[kind].shape[0], budget, dtype=np.int32)
+        cu[:len(bounds)] = bounds
+        return cu
+
+
+def segment_slots(kind: str, budget: int, unit: int, max_frames: int) -> int:
+    """cu_seqlens entries per graph: frames are bounded by the config; other segments hold at least one merge
+    unit each."""
+    return max_frames + 2 if kind == "frames" else budget // unit + 2
+
+
+class EncoderGraphs:
+    def __init__(self, tower, config: EncoderCudaGraphConfig, dtype: torch.dtype, device: torch.device):
+        self.tower = tower
+        self.config = config
+        self.budgets = budgets(config)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, VisionOutput] = {}
+        self.hits = self.misses = 0
+        self.buffers = self.allocate(dtype, device)
+
+    @staticmethod
+    def usable(dtype: torch.dtype, device: torch.device) -> bool:
+        return fused_path(torch.empty(0, dtype=dtype, device=device)) is not None
+
+    def allocate(self, dtype, device) -> dict:
+        """Shared buffers sized for the largest budget, filled by probing the tower once for its input shapes."""
+        probe = self.tower.prepare([(1, 2 * self.tower.merge, 2 * self.tower.merge)])
+        n = self.budgets[-1]
+        patch_dim = self.tower.patch_embed.in_features
+        buffers = {
+            "pixels": torch.zeros(n, patch_dim, dtype=dtype, device=device),
+            "cos": torch.ones(n, probe.cos.shape[1], dtype=probe.cos.dtype, device=device),
+            "sin": torch.zeros(n, probe.sin.shape[1], dtype=probe.sin.dtype, device=device),
+            "cu": {kind: torch.zeros(segment_slots(kind, n, self.tower.unit, self.config.max_frames),
+                                     dtype=torch.int32, device=device) for kind in probe.segments},
+        }
+        if probe.pos is not None:
+            buffers["pos"] = torch.zeros(n, probe.pos.shape[1], dtype=probe.pos.dtype, device=device)
+        return buffers
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for budget in reversed(self.budgets):
+            static = self.static(budget)
+            for kind, cu in static.cu.items():  # padding covers the whole budget
+                cu.copy_(torch.from_numpy(static.cu_seqlens(kind, [], budget)))
+            self.tower.run(static.pixels, static.inputs, static.segments)  # compiles outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[budget] = self.tower.run(static.pixels, static.inputs, static.segments)
+            self.graphs[budget] = graph
+        torch.cuda.synchronize()
+        logger.info("vision encoder CUDA graphs captured for budgets %s patches (at most %d items, %d frames)",
+                    self.budgets, self.config.max_items, self.config.max_frames)
+
+    def static(self, budget: int) -> StaticInputs:
+        return StaticInputs(self.buffers, budget, self.tower, self.config.max_frames)
+
+    def budget_for(self, num_patches: int, grids: list[tuple[int, int, int]]) -> int | None:
+        if len(grids) > self.config.max_items or sum(g[0] for g in grids) > self.config.max_frames:
+            return None
+        return next((b for b in self.budgets if b >= num_patches), None)
+
+    def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput | None:
+        """The tower's output for these items, or None when no graph fits (the caller runs it eagerly)."""
+        budget = self.budget_for(pixels.shape[0], grids)
+        inputs = self.tower.prepare(grids)
+        static = self.static(budget) if budget is not None else None
+        cu = {k: static.cu_seqlens(k, lens, budget) for k, lens in inputs.segments.items()} if static else None
+        if cu is None or any(c is None for c in cu.values()):
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.stage(static, to_attention_order(pixels, inputs.order, self.tower.unit), inputs, cu)
+        self.graphs[budget].replay()
+        out, rows = self.outputs[budget], pixels.shape[0] // self.tower.unit
+        # Copies: the next replay overwrites the graph's outputs, and the encoder cache keeps these.
+        result = VisionOutput(out.embeds[:rows].clone(),
+                              None if out.deepstack is None else out.deepstack[:, :rows].clone())
+        return from_attention_order(result, inputs.order)
+
+    @staticmethod
+    def stage(static: StaticInputs, pixels: torch.Tensor, inputs: VisionInputs, cu: dict[str, np.ndarray]) -> None:
+        n = pixels.shape[0]
+        static.pixels[:n].copy_(pixels)
+        static.pixels[n:].zero_()
+        static.cos[:n].copy_(inputs.cos)
+        static.sin[:n].copy_(inputs.sin)
+        if static.pos is not None:
+            static.pos[:n].copy_(inputs.pos)
+        for kind, bounds in cu.items():
+            static.cu[kind].copy_(torch.from_numpy(bounds).pin_memory(), non_blocking=True)
