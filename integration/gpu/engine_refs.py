@@ -41,6 +41,20 @@ def scenario_prompts(processor) -> list[dict]:
     ]
 
 
+def hf_inputs(processor, prompt: dict):
+    """The reference preprocessing: the checkpoint's HF processor on an LLM prompt, video frames used as given."""
+    mm = prompt.get("multi_modal_data", {})
+    kwargs = {}
+    if mm.get("image"):
+        kwargs["images"] = mm["image"]
+    if mm.get("video"):
+        kwargs["videos"] = [v["frames"] for v in mm["video"]]
+        kwargs["video_metadata"] = [{"fps": v["fps"], "total_num_frames": len(v["frames"]),
+                                     "frames_indices": list(range(len(v["frames"])))} for v in mm["video"]]
+        kwargs["do_sample_frames"] = False
+    return processor(text=[prompt["prompt"]], return_tensors="pt", **kwargs)
+
+
 class HFReference:
     def __init__(self, model_dir):
         self.processor = transformers.AutoProcessor.from_pretrained(model_dir)
@@ -49,16 +63,7 @@ class HFReference:
         self.cache = {}
 
     def inputs(self, prompt: dict):
-        mm = prompt.get("multi_modal_data", {})
-        kwargs = {}
-        if mm.get("image"):
-            kwargs["images"] = mm["image"]
-        if mm.get("video"):
-            kwargs["videos"] = [v["frames"] for v in mm["video"]]
-            kwargs["video_metadata"] = [{"fps": v["fps"], "total_num_frames": len(v["frames"]),
-                                         "frames_indices": list(range(len(v["frames"])))} for v in mm["video"]]
-            kwargs["do_sample_frames"] = False
-        return self.processor(text=[prompt["prompt"]], return_tensors="pt", **kwargs)
+        return hf_inputs(self.processor, prompt)
 
     def greedy(self, prompt: dict, max_new_tokens: int = GREEDY.max_tokens) -> list[int]:
         key = (repr(prompt), max_new_tokens)

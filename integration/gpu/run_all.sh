@@ -30,6 +30,7 @@ run_suite() {  # name, PYTHONPATH, test file
 status=0
 run_suite kernels "$BASE" integration/gpu/test_kernels.py
 run_suite engine "$BASE" integration/gpu/test_engine_gpu.py
+run_suite parity_bf16 "$BASE" integration/gpu/test_parity_bf16.py
 run_suite gated_deltanet "/tmp/fla:$BASE" integration/gpu/test_gated_deltanet_gpu.py
 
 echo
