@@ -13,7 +13,6 @@ import pathlib
 import sys
 import tempfile
 
-import torch
 import transformers
 from torch import nn
 
