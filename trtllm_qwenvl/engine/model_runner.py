@@ -1,4 +1,5 @@
 """Turns a scheduled batch into flat device tensors, runs the LM and samples the rows that need a token."""
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,31 +68,34 @@ class ModelRunner:
         self.graphs.capture()
 
     def build(self, batch: list[ScheduledSeq]):
-        """Host-side step inputs, all numpy: one H2D per array afterwards."""
-        bs = self.block_size
-        lens = np.array([s.num_tokens for s in batch])
-        ids = np.concatenate([s.seq.token_ids[s.start:s.end] for s in batch])
-        positions = np.concatenate([s.seq.positions(s.start, s.end) for s in batch], axis=1)
-        slots = []
-        max_blocks = max(len(s.seq.block_table) for s in batch)
-        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
+        """Host-side step inputs, all numpy: one H2D per array afterwards. Per-token arrays are computed for the
+        whole batch at once; only token ids, block-table rows and prompt mRoPE slices are gathered per sequence."""
+        n = len(batch)
+        starts = np.fromiter((s.start for s in batch), np.int64, n)
+        lens = np.fromiter((s.num_tokens for s in batch), np.int64, n)
+        cu = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu[1:])
+        token_seq = np.repeat(np.arange(n), lens)
+        token_pos = np.arange(cu[-1]) - cu[:-1][token_seq]
+        index = starts[token_seq] + token_pos  # each token's index in its sequence
+        ids = np.fromiter(itertools.chain.from_iterable(s.seq.token_ids[s.start:s.end] for s in batch), np.int64,
+                          int(cu[-1]))
+        tables = np.zeros((n, max(len(s.seq.block_table) for s in batch)), dtype=np.int32)
         for i, s in enumerate(batch):
-            table = np.asarray(s.seq.block_table, dtype=np.int64)
-            tables[i, :len(table)] = table
-            j = np.arange(s.start, s.end)
-            slots.append(table[j // bs] * bs + j % bs)
-        cu = np.concatenate(([0], np.cumsum(lens))).astype(np.int32)
+            tables[i, :len(s.seq.block_table)] = s.seq.block_table
+        slots = tables[token_seq, index // self.block_size].astype(np.int64) * self.block_size + \
+            index % self.block_size
         samples = np.array([s.samples for s in batch])
         state = {}
         if self.hybrid:
             state = {"state_slots": np.array([s.seq.state_slot for s in batch], dtype=np.int64),
-                     "has_state": np.array([s.start > 0 for s in batch])}
+                     "has_state": starts > 0}
+        ends = starts + lens
         return {
-            **state, "input_ids": ids, "positions": positions, "slot_mapping": np.concatenate(slots),
-            "cu_seqlens_q": cu, "seq_lens_k": np.array([s.end for s in batch], dtype=np.int32),
-            "block_tables": tables, "token_seq": np.repeat(np.arange(len(batch)), lens),
-            "token_pos": np.concatenate([np.arange(n) for n in lens]), "logits_indices": cu[1:][samples] - 1,
-            "max_q": int(lens.max()), "max_k": max(s.end for s in batch),
+            **state, "input_ids": ids, "positions": positions(batch, index, token_seq, cu), "slot_mapping": slots,
+            "cu_seqlens_q": cu, "seq_lens_k": ends.astype(np.int32), "block_tables": tables, "token_seq": token_seq,
+            "token_pos": token_pos, "logits_indices": cu[1:][samples] - 1, "max_q": int(lens.max()),
+            "max_k": int(ends.max()),
         }
 
     def stage(self, host: dict) -> tuple[dict, AttentionMetadata]:
@@ -183,6 +187,19 @@ class ModelRunner:
         self.sampled_ready.record()
         self.sampled_ready.synchronize()
         return host.tolist()
+
+
+def positions(batch: list[ScheduledSeq], index: np.ndarray, token_seq: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """mRoPE positions (3, N): text past the prompt is index + the sequence's delta on all three axes; prompt tokens
+    take their precomputed positions."""
+    deltas = np.fromiter((s.seq.prompt.mrope_delta for s in batch), np.int64, len(batch))
+    out = np.repeat((index + deltas[token_seq])[None], 3, axis=0)
+    for i, s in enumerate(batch):
+        prompt = s.seq.prompt.mrope_positions
+        if s.start < prompt.shape[1]:
+            hi = min(s.end, prompt.shape[1])
+            out[:, cu[i]:cu[i] + hi - s.start] = prompt[:, s.start:hi]
+    return out
 
 
 def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:

@@ -81,13 +81,3 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == Status.FINISHED
-
-    def positions(self, start: int, end: int) -> np.ndarray:
-        """mRoPE positions (3, end-start): the prompt's precomputed ones, then text positions shifted by delta."""
-        mrope = self.prompt.mrope_positions
-        head = mrope[:, start:min(end, mrope.shape[1])]
-        tail_start = max(start, mrope.shape[1])
-        if tail_start >= end:
-            return head
-        tail = np.arange(tail_start, end, dtype=np.int64) + self.prompt.mrope_delta
-        return np.concatenate([head, np.broadcast_to(tail, (3, end - tail_start))], axis=1)
