@@ -164,6 +164,16 @@ def test_failed_step_frees_blocks_and_reports(llm, image_prompt, monkeypatch):
     assert llm.generate(image_prompt, GREEDY, use_tqdm=False).outputs[0].finish_reason == "length"
 
 
+def test_failed_schedule_fails_its_requests_and_frees_blocks(llm, image_prompt, monkeypatch):
+    before = free_blocks(llm)
+    monkeypatch.setattr(llm.engine.scheduler, "schedule", lambda: (_ for _ in ()).throw(RuntimeError("no plan")))
+    with pytest.raises(RuntimeError, match="no plan"):
+        llm.generate(image_prompt, GREEDY, use_tqdm=False)
+    monkeypatch.undo()
+    assert free_blocks(llm) == before and not llm.engine.has_work()
+    assert llm.generate(image_prompt, GREEDY, use_tqdm=False).outputs[0].finish_reason == "length"
+
+
 def test_unsupported_architecture(checkpoints, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(checkpoints(ARCH), bad)

@@ -183,8 +183,12 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        with nvtx_range("schedule"):
-            batch = self.scheduler.schedule()
+        try:
+            with nvtx_range("schedule"):
+                batch = self.scheduler.schedule()
+        except Exception as e:  # scheduler state is suspect: fail what it holds rather than retry it forever
+            logger.exception("scheduling failed")
+            return [self.fail(seq, e) for seq in [*self.scheduler.running, *self.scheduler.waiting]]
         if not batch:
             return []
         try:
