@@ -75,8 +75,7 @@ def run(layer, x, chunks):
     """Feed `chunks` [(rows, slot, fresh, snapshots)] of x through `layer` as one step each."""
     outs = []
     for rows, slot, fresh, cuts in chunks:
-        set_context(ForwardContext(state=StateMetadata(torch.tensor([slot]), torch.tensor([not fresh]),
-                                                       [rows.stop - rows.start], [slot], [fresh], [cuts])))
+        set_context(ForwardContext(state=StateMetadata(torch.tensor([slot]), [rows.stop - rows.start], [slot], [fresh], [cuts])))
         try:
             outs.append(layer(x[rows]))
         finally:

@@ -128,8 +128,7 @@ def run_chunks(layer: GatedDeltaNet, x: torch.Tensor, chunks, device: str) -> to
     """Feed `chunks` [(rows, slot, fresh, snapshots)] of x through `layer`, one step each (one sequence per step)."""
     outs = []
     for rows, slot, fresh, cuts in chunks:
-        meta = StateMetadata(torch.tensor([slot], device=device), torch.tensor([not fresh], device=device),
-                             [rows.stop - rows.start], [slot], [fresh], [cuts])
+        meta = StateMetadata(torch.tensor([slot], device=device), [rows.stop - rows.start], [slot], [fresh], [cuts])
         set_context(ForwardContext(state=meta))
         try:
             outs.append(layer(x[rows]))

@@ -66,8 +66,7 @@ class DecodeGraphs:
         """Hybrid models: the batched decode update, reading each row's state slot from the staging buffer."""
         if self.padding_slot is None:
             return None
-        return StateMetadata(dev["state_slots"], dev["has_state"], [1] * size, [], [False] * size, [[]] * size,
-                             decode=True)
+        return StateMetadata(dev["state_slots"], [1] * size, [], [False] * size, [[]] * size, decode=True)
 
     def forward(self, dev: dict) -> torch.Tensor:
         model = self.runner.model
@@ -83,8 +82,7 @@ class DecodeGraphs:
 
 def padding_inputs(size: int, width: int, state_slot: int | None) -> dict:
     """Decode inputs for `size` rows that touch nothing: no cache slot, no keys, the scratch state slot."""
-    state = {} if state_slot is None else {
-        "state_slots": np.full(size, state_slot, dtype=np.int64), "has_state": np.ones(size, dtype=np.bool_)}
+    state = {} if state_slot is None else {"state_slots": np.full(size, state_slot, dtype=np.int64)}
     return {**state,
         "input_ids": np.zeros(size, dtype=np.int64), "positions": np.zeros((3, size), dtype=np.int64),
         "slot_mapping": np.full(size, -1, dtype=np.int64), "cu_seqlens_q": np.arange(size + 1, dtype=np.int32),

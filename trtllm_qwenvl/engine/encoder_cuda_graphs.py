@@ -120,10 +120,12 @@ class EncoderGraphs:
     def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput | None:
         """The tower's output for these items, or None when no graph fits (the caller runs it eagerly)."""
         budget = self.budget_for(pixels.shape[0], grids)
-        inputs = self.tower.prepare(grids)
-        static = self.static(budget) if budget is not None else None
-        cu = {k: static.cu_seqlens(k, lens, budget) for k, lens in inputs.segments.items()} if static else None
-        if cu is None or any(c is None for c in cu.values()):
+        if budget is None:
+            self.misses += 1
+            return None
+        inputs, static = self.tower.prepare(grids), self.static(budget)
+        cu = {k: static.cu_seqlens(k, lens, budget) for k, lens in inputs.segments.items()}
+        if any(c is None for c in cu.values()):
             self.misses += 1
             return None
         self.hits += 1

@@ -88,8 +88,7 @@ class ModelRunner:
         samples = np.array([s.samples for s in batch])
         state = {}
         if self.hybrid:
-            state = {"state_slots": np.array([s.seq.state_slot for s in batch], dtype=np.int64),
-                     "has_state": starts > 0}
+            state = {"state_slots": np.array([s.seq.state_slot for s in batch], dtype=np.int64)}
         ends = starts + lens
         return {
             **state, "input_ids": ids, "positions": positions(batch, index, token_seq, cu), "slot_mapping": slots,
@@ -109,7 +108,7 @@ class ModelRunner:
         if not self.hybrid:
             return None
         decode = all(s.num_tokens == 1 and s.start > 0 and not s.snapshots for s in batch)
-        return StateMetadata(dev["state_slots"], dev["has_state"], [s.num_tokens for s in batch],
+        return StateMetadata(dev["state_slots"], [s.num_tokens for s in batch],
                              host["state_slots"].tolist(), [s.start == 0 for s in batch],
                              [s.snapshots for s in batch], decode)
 
@@ -207,4 +206,4 @@ def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:
     return {"input_ids": (max_tokens, long), "positions": (3 * max_tokens, long), "slot_mapping": (max_tokens, long),
             "token_seq": (max_tokens, long), "token_pos": (max_tokens, long), "cu_seqlens_q": (max_batch + 1, i32),
             "seq_lens_k": (max_batch, i32), "block_tables": (max_batch * max_blocks, i32),
-            "logits_indices": (max_batch, long), "state_slots": (max_batch, long), "has_state": (max_batch, torch.bool)}
+            "logits_indices": (max_batch, long), "state_slots": (max_batch, long)}

@@ -27,11 +27,10 @@ class AttentionMetadata:
 class StateMetadata:
     """Where each of the step's B sequences keeps its linear-attention (conv + recurrent) state."""
     slots: torch.Tensor      # (B,) int64: the sequence's slot in the state pool
-    has_state: torch.Tensor  # (B,) bool: False on a sequence's first chunk, whose state starts at zero
     # Host copies for the torch reference, which walks the sequences one by one.
     query_lens: list[int]
     slot_list: list[int]
-    fresh: list[bool]
+    fresh: list[bool]        # a sequence's first chunk: its state starts at zero
     # Per sequence: (tokens into this chunk, snapshot slot) where the state is also saved for prefix caching.
     snapshots: list[list[tuple[int, int]]]
     # Every sequence brings one token on top of its state and saves no snapshot: one batched update by slot.

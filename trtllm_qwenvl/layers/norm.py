@@ -73,7 +73,4 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(dtype) * F.silu(gate.float())).to(dtype)
+        return (self.weight * normalize(x, self.eps).to(x.dtype) * F.silu(gate.float())).to(x.dtype)

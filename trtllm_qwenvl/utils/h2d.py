@@ -44,6 +44,3 @@ class StagingBuffers:
         src = self.host_bufs[name][:data.size]
         src.numpy()[:] = data.reshape(-1)
         return dst.copy_(src, non_blocking=True).view(data.shape)
-
-    def view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.device_bufs[name][:int(np.prod(shape))].view(shape)
