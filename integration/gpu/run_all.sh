@@ -3,6 +3,7 @@
 #
 # The GPU box lacks some wheels: carry .whl/ (../shared/tools/gpu_wheels.sh server video fla tokenizer) and run
 #   bash integration/gpu/run_all.sh
+# Suite names as arguments run a subset: bash integration/gpu/run_all.sh engine parity_bf16
 # fla goes on the path only for its own suite: with fla importable, HF transformers binds it for Qwen3.5 and the
 # CPU-side HF references of the engine suite would call Triton kernels on CPU tensors.
 set -uo pipefail
@@ -28,10 +29,16 @@ run_suite() {  # name, PYTHONPATH, test file
   [ "$rc" -eq 0 ] || status=1
 }
 status=0
-run_suite kernels "$BASE" integration/gpu/test_kernels.py
-run_suite engine "$BASE" integration/gpu/test_engine_gpu.py
-run_suite parity_bf16 "$BASE" integration/gpu/test_parity_bf16.py
-run_suite gated_deltanet "/tmp/fla:$BASE" integration/gpu/test_gated_deltanet_gpu.py
+suites=${*:-kernels engine parity_bf16 gated_deltanet}
+for suite in $suites; do
+  case $suite in
+    kernels) run_suite kernels "$BASE" integration/gpu/test_kernels.py ;;
+    engine) run_suite engine "$BASE" integration/gpu/test_engine_gpu.py ;;
+    parity_bf16) run_suite parity_bf16 "$BASE" integration/gpu/test_parity_bf16.py ;;
+    gated_deltanet) run_suite gated_deltanet "/tmp/fla:$BASE" integration/gpu/test_gated_deltanet_gpu.py ;;
+    *) echo "unknown suite $suite"; exit 2 ;;
+  esac
+done
 
 echo
 echo "| suite | result |"

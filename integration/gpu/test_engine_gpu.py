@@ -100,6 +100,30 @@ def test_decode_step_never_syncs_before_sampling(checkpoint, ref):
         engine.step()
 
 
+def test_piecewise_prefill_graphs_match_hf(arch, checkpoint, ref):
+    """Prefill pieces replayed at padded token sizes; chunked prefill, a prefix hit and two different batches."""
+    if arch == "qwen3_5":
+        pytest.skip("Gated DeltaNet layers keep the eager body")
+    kwargs = {**llm_kwargs(graphs=True), "enable_chunked_prefill": True, "max_num_tokens": 256,
+              "torch_compile_config": {"enable_piecewise_cuda_graph": True, "capture_num_tokens": [16, 64, 128, 256]}}
+    prompts = scenario_prompts(ref.processor)
+    expected = [ref.greedy(p) for p in prompts]
+    with LLM(checkpoint, **kwargs) as llm:
+        piecewise = llm.engine.runner.piecewise
+        recorded = {len(piece.recordings) for piece in piecewise.pieces}
+        first = llm.generate(prompts, GREEDY, use_tqdm=False)
+        replays = piecewise.replays
+        again = llm.generate(prompts[::-1], GREEDY, use_tqdm=False)
+        hit = llm.generate(prompts[1], GREEDY, use_tqdm=False)
+        blocks_free = llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+    assert recorded == {4} and replays > 0 and piecewise.replays > replays
+    assert blocks_free and hit.num_cached_tokens > 0
+    assert hit.outputs[0].token_ids == expected[1]
+    for i, want in enumerate(expected):
+        assert first[i].outputs[0].token_ids == want, i
+        assert again[len(prompts) - 1 - i].outputs[0].token_ids == want, i
+
+
 def encode_eager_and_graphed(engine, items):
     """The tower's output for `items` through the encoder graphs, and eagerly from the same device pixels."""
     pixels = torch.cat([item.pixel_values for item in items]).to(engine.device)

@@ -6,8 +6,9 @@ random as in models/tiny.py. The random values are rounded to bf16, so the fp32 
 the same weights (as with a published bf16 checkpoint) and the errors below are those of bf16 compute alone.
 
 Scenarios: one 448x448 image, a video, two images, chunked prefill (256-token chunks that cut through an image, in a
-second LLM) and a prefix hit (the image prompt again, served partly from the cache). Ours runs with its defaults on
-CUDA: triton attention and decode CUDA graphs (MoE decode stays eager).
+second LLM) and a prefix hit (the image prompt again, served partly from the cache). Ours runs on CUDA with triton
+attention and every graph on: decode, piecewise prefill and vision encoder (MoE and Gated DeltaNet layers keep
+their LM body eager).
 - logits: at the last prefill position, err(x) = ||x - fp32|| / ||fp32||; per scenario err(ours) <= 1.5 x err(HF bf16)
   (floor 1e-3).
 - greedy: the first 8 tokens equal HF bf16's `generate` in >= 90% of all the suite's prompts. Random weights give
@@ -53,7 +54,10 @@ GREEDY_TOKENS = 8
 RATIO, FLOOR, AGREEMENT = 1.5, 1e-3, 0.9
 CHUNK = 256
 SCENARIOS = ("image", "prefix_hit", "two_images", "video", "chunked")  # run order: the hit follows the image
-LLM_KWARGS = {"dtype": "bfloat16", "max_batch_size": 8, "kv_cache_config": {"max_tokens": 32768}}
+# Every graph on: decode (the default), piecewise prefill and vision encoder.
+LLM_KWARGS = {"dtype": "bfloat16", "max_batch_size": 8, "kv_cache_config": {"max_tokens": 32768},
+              "torch_compile_config": {"enable_piecewise_cuda_graph": True},
+              "multimodal_config": {"encoder_cuda_graph": {}}}
 
 # Qwen3-VL-30B-A3B (the hub config's values); the parity build keeps the expert size but not the expert count.
 QWEN3_VL_30B_A3B = {

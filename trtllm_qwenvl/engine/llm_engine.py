@@ -95,6 +95,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens, args.max_batch_size, self.max_seq_len)
         self.log_memory("KV cache allocated")
+        if args.torch_compile_config is not None and args.torch_compile_config.enable_piecewise_cuda_graph:
+            self.runner.enable_piecewise_graphs(args.torch_compile_config)
+            self.log_memory("piecewise prefill graphs captured")
         if args.cuda_graph_config is not None:
             self.runner.enable_decode_graphs(args.cuda_graph_config, args.max_batch_size,
                                              self.state_pool.scratch_slot if self.state_pool else None)
@@ -105,9 +108,6 @@ class LLMEngine:
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)
-        if args.torch_compile_config is not None:
-            logger.warning("torch_compile_config is accepted but piecewise prefill graphs are not built yet: "
-                           "prefill runs eagerly")
 
     def log_memory(self, when: str) -> None:
         if self.device.type == "cuda":

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import CudaGraphConfig
+from ..config import CudaGraphConfig, TorchCompileConfig
 from ..layers.attention import Attention
 from ..layers.attention_backends import active_backend
 from ..layers.forward_context import AttentionMetadata, ForwardContext, StateMetadata, set_context, reset_context
@@ -15,6 +15,7 @@ from ..utils.logging import logger
 from ..utils.nvtx import nvtx_range
 from .cuda_graphs import DecodeGraphs, pad_decode
 from .encoder_runner import StepMedia
+from .piecewise_graphs import PiecewiseGraphs
 from .sampler import gather_logprobs, sample
 from .scheduler import ScheduledSeq
 
@@ -54,6 +55,8 @@ class ModelRunner:
         self.sampled = torch.zeros(max_batch_size, dtype=torch.long, pin_memory=device.type == "cuda")
         self.sampled_ready = torch.cuda.Event() if device.type == "cuda" else None
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None
+        self.embeds: torch.Tensor | None = None  # the compiled body's static input
         active_backend().reserve(max_batch_size, first.num_heads, first.head_dim, device)
 
     def enable_decode_graphs(self, config: CudaGraphConfig, max_batch_size: int, padding_slot: int | None) -> None:
@@ -66,6 +69,28 @@ class ModelRunner:
             return
         self.graphs = DecodeGraphs(self, config, max_batch_size, padding_slot)
         self.graphs.capture()
+
+    def enable_piecewise_graphs(self, config: TorchCompileConfig) -> None:
+        """Compile the LM body in pieces around attention; on CUDA capture each piece at every token size."""
+        if self.hybrid or not all(getattr(m, "cuda_graph_safe", True) for m in self.model.modules()):
+            logger.info("piecewise prefill graphs off: linear-attention and MoE layers are not traceable yet")
+            return
+        hidden = self.model.hf_config.text_config.hidden_size
+        self.embeds = torch.zeros(self.max_num_tokens, hidden, dtype=self.dtype, device=self.device)
+        self.piecewise = PiecewiseGraphs(self.model, config, self.max_num_tokens, self.device)
+        if self.device.type == "cuda":
+            self.capture_piecewise()
+
+    @torch.inference_mode()
+    def capture_piecewise(self) -> None:
+        """One padding step per size, largest first, so the smaller sizes fit in the memory the larger freed."""
+        for size in reversed(self.piecewise.sizes):
+            host = padding_prefill(size, self.block_size)
+            dev, meta = self.stage(host)
+            self.forward(None, None, host, dev, meta, size)
+        torch.cuda.synchronize()
+        logger.info("piecewise prefill graphs captured for %d token sizes up to %d (%d pieces each)",
+                    len(self.piecewise.sizes), self.piecewise.sizes[-1], len(self.piecewise.pieces))
 
     def build(self, batch: list[ScheduledSeq]):
         """Host-side step inputs, all numpy: one H2D per array afterwards. Per-token arrays are computed for the
@@ -104,7 +129,7 @@ class ModelRunner:
                                  dev["token_seq"], dev["token_pos"], host["max_q"], host["max_k"], self.block_size)
         return dev, meta
 
-    def state_metadata(self, batch: list[ScheduledSeq], host: dict, dev: dict) -> StateMetadata | None:
+    def state_metadata(self, batch: list[ScheduledSeq] | None, host: dict, dev: dict) -> StateMetadata | None:
         if not self.hybrid:
             return None
         decode = all(s.num_tokens == 1 and s.start > 0 and not s.snapshots for s in batch)
@@ -112,20 +137,23 @@ class ModelRunner:
                              host["state_slots"].tolist(), [s.start == 0 for s in batch],
                              [s.snapshots for s in batch], decode)
 
-    def embed(self, input_ids: torch.Tensor, media: StepMedia | None) -> torch.Tensor | None:
-        if media is None:
-            return None
+    def embed(self, input_ids: torch.Tensor, media: StepMedia | None) -> torch.Tensor:
         embeds = self.model.embed(input_ids)
-        embeds.index_copy_(0, media.rows, media.embeds.to(embeds.dtype))
+        if media is not None:
+            embeds.index_copy_(0, media.rows, media.embeds.to(embeds.dtype))
         return embeds
 
     def step_deepstack(self, n: int, media: StepMedia | None) -> torch.Tensor | None:
-        if media is None or media.deepstack is None:
+        """The whole deepstack buffer (the body slices its N rows), with the step's visual rows filled and zeros
+        elsewhere. The eager body skips the adds for a step with no visual token; the compiled body always adds,
+        so its graph and the buffer's address never change."""
+        has_rows = media is not None and media.deepstack is not None
+        if self.deepstack is None or not (has_rows or self.piecewise):
             return None
-        buf = self.deepstack[:, :n]
-        buf.zero_()
-        buf.index_copy_(1, media.rows, media.deepstack.to(buf.dtype))
-        return buf
+        self.deepstack[:, :n].zero_()
+        if has_rows:
+            self.deepstack.index_copy_(1, media.rows, media.deepstack.to(self.dtype))
+        return self.deepstack
 
     def graph_size(self, batch: list[ScheduledSeq], media: StepMedia | None) -> int | None:
         if self.graphs is None or media is not None or any(s.num_tokens != 1 for s in batch):
@@ -140,27 +168,42 @@ class ModelRunner:
         with nvtx_range("prepare"):
             host = self.build(batch)
             size = self.graph_size(batch, media)
+            padded = None
             if size is not None:
                 host = pad_decode(host, size, self.max_blocks_per_seq, self.graphs.padding_slot)
+            elif self.piecewise is not None:
+                padded = self.piecewise.size_for(len(host["input_ids"]))
+                host = pad_tokens(host, padded) if padded else host
             dev, meta = self.stage(host)
         with nvtx_range("forward"):
             if size is not None:
                 logits = self.graphs.replay(size, len(batch))
             else:
-                logits = self.forward(batch, media, host, dev, meta)
+                logits = self.forward(batch, media, host, dev, meta, padded)
         with nvtx_range("sample"):
             return self.sample(logits, [s.seq for s in batch if s.samples])
 
-    def forward(self, batch, media: StepMedia | None, host: dict, dev: dict, meta: AttentionMetadata):
+    def forward(self, batch, media: StepMedia | None, host: dict, dev: dict, meta: AttentionMetadata,
+                padded: int | None = None):
         n = len(host["input_ids"])
         set_context(ForwardContext(meta, self.step_deepstack(n, media), self.state_metadata(batch, host, dev)))
         try:
-            embeds = self.embed(dev["input_ids"], media)
-            hidden = self.model(dev["positions"], input_ids=None if embeds is not None else dev["input_ids"],
-                                inputs_embeds=embeds)
+            hidden = self.body(dev, media, padded)
             return self.model.compute_logits(hidden[dev["logits_indices"]]).float()
         finally:
             reset_context()
+
+    def body(self, dev: dict, media: StepMedia | None, padded: int | None) -> torch.Tensor:
+        """The LM body: compiled in pieces from the static embeddings buffer, or eager (token ids straight to the
+        embedding when the step has no media)."""
+        ids = dev["input_ids"]
+        if self.piecewise is not None:
+            embeds = self.embeds[:ids.shape[0]]
+            embeds.copy_(self.embed(ids, media))
+            return self.piecewise.forward(dev["positions"], embeds, padded)
+        if media is None:
+            return self.model(dev["positions"], input_ids=ids)
+        return self.model(dev["positions"], inputs_embeds=self.embed(ids, media))
 
     def sample(self, logits: torch.Tensor, seqs) -> list[SampledToken]:
         if not seqs:
@@ -199,6 +242,28 @@ def positions(batch: list[ScheduledSeq], index: np.ndarray, token_seq: np.ndarra
             hi = min(s.end, prompt.shape[1])
             out[:, cu[i]:cu[i] + hi - s.start] = prompt[:, s.start:hi]
     return out
+
+
+def pad_tokens(host: dict, size: int) -> dict:
+    """A step's per-token arrays padded to `size` rows that attend nowhere: no cache slot, outside every sequence's
+    query range (attention reads only rows below cu_seqlens_q[-1])."""
+    n = len(host["input_ids"])
+    pad = size - n
+    padded = dict(host)
+    for name, value in (("input_ids", 0), ("slot_mapping", -1), ("token_seq", 0), ("token_pos", 0)):
+        padded[name] = np.concatenate([host[name], np.full(pad, value, dtype=host[name].dtype)])
+    padded["positions"] = np.pad(host["positions"], ((0, 0), (0, pad)))
+    return padded
+
+
+def padding_prefill(size: int, block_size: int) -> dict:
+    """One sequence of `size` tokens that stores no KV (every slot -1): the step that records the prefill pieces."""
+    blocks = -(-size // block_size)
+    return {"input_ids": np.zeros(size, dtype=np.int64), "positions": np.zeros((3, size), dtype=np.int64),
+            "slot_mapping": np.full(size, -1, dtype=np.int64), "cu_seqlens_q": np.array([0, size], dtype=np.int32),
+            "seq_lens_k": np.array([size], dtype=np.int32), "block_tables": np.zeros((1, blocks), dtype=np.int32),
+            "token_seq": np.zeros(size, dtype=np.int64), "token_pos": np.arange(size, dtype=np.int64),
+            "logits_indices": np.array([size - 1], dtype=np.int64), "max_q": size, "max_k": size}
 
 
 def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:

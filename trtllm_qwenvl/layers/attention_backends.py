@@ -40,8 +40,9 @@ class TorchPagedAttention:
         plan = meta.plan
         flat_k = k_cache.view(-1, *k_cache.shape[-2:])
         flat_v = v_cache.view(-1, *v_cache.shape[-2:])
-        flat_k.index_copy_(0, meta.slot_mapping, k)
-        flat_v.index_copy_(0, meta.slot_mapping, v)
+        stored = meta.slot_mapping >= 0  # padding rows of a piecewise-graph step store nothing
+        flat_k.index_copy_(0, meta.slot_mapping[stored], k[stored])
+        flat_v.index_copy_(0, meta.slot_mapping[stored], v[stored])
         qb = q[plan["q_index"]].transpose(1, 2)
         kb = flat_k[plan["k_slots"]].transpose(1, 2)
         vb = flat_v[plan["k_slots"]].transpose(1, 2)

@@ -20,7 +20,8 @@ def fused_on_cuda(fn):
 
     @functools.wraps(fn)
     def call(x: torch.Tensor, *args):
-        if not (x.is_cuda and state["compiled"]):
+        # Inside an enclosing torch.compile (the piecewise LM body) the plain function is traced into its graph.
+        if torch.compiler.is_compiling() or not (x.is_cuda and state["compiled"]):
             return fn(x, *args)
         try:
             return compiled(x, *args)

@@ -1,0 +1,187 @@
+"""Piecewise CUDA graphs for the LM body in prefill (trtllm's `torch_compile_config`).
+
+Only attention depends on how a step's tokens split into sequences; every other op of the body is row-wise over
+the step's N tokens. So torch.compile traces the body once with N symbolic (taken from `inputs_embeds`: the
+runner always passes embeddings here), and our backend splits the FX graph at each `trtllm_qwenvl::paged_attention`
+call. Each piece between two attention calls is compiled by inductor for symbolic N and recorded in one CUDA graph
+per capture size; attention runs eagerly between the pieces. A step's tokens are padded to the next capture size:
+padding rows have no KV slot and belong to no sequence, so attention skips them, and the row-wise ops cannot carry
+them into a real row.
+
+Memory: every piece at every size records into one pool. A piece keeps only non-owning views of its outputs, so
+the pool reuses the memory of values no later piece reads, exactly as the capturing forward freed them.
+"""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.fx.passes.split_module import split_module
+
+from ..config import TorchCompileConfig
+from ..layers import attention  # noqa: F401 (registers the op)
+from ..utils.logging import logger
+
+ATTENTION = torch.ops.trtllm_qwenvl.paged_attention.default
+
+
+def capture_sizes(config: TorchCompileConfig, max_num_tokens: int) -> list[int]:
+    """The configured token counts, or 16 to 256 in powers of two and then every multiple of 256: a prefill is
+    compute-bound, so padding must stay a small fraction of it."""
+    sizes = config.capture_num_tokens or [16, 32, 64, 128, *range(256, max_num_tokens + 1, 256), max_num_tokens]
+    return sorted({s for s in sizes if 2 <= s <= max_num_tokens})
+
+
+def split_at_attention(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
+    """Submodules in graph order: each run of ops between attention calls, and each attention call alone. Returns
+    the split module and the names of its non-attention pieces."""
+    part, parts = 0, {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "call_function" and node.target is ATTENTION:
+            parts[node] = part + 1
+            part += 2
+        else:
+            parts[node] = part
+    split = split_module(gm, None, lambda node: parts[node], keep_original_order=True)
+    attention = {p for node, p in parts.items() if node.op == "call_function" and node.target is ATTENTION}
+    return split, [f"submod_{p}" for p in sorted(set(parts.values()) - attention)]
+
+
+def non_owning(value):
+    """A view of a tensor's memory that does not keep it allocated (recursing into tuples and lists)."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), value.device, storage.nbytes())
+        return torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            alias, value.storage_offset(), value.shape, value.stride())
+    if isinstance(value, (tuple, list)):
+        return type(value)(non_owning(v) for v in value)
+    return value
+
+
+def addresses(args) -> list[int]:
+    return [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+
+
+@dataclass
+class Recording:
+    graph: torch.cuda.CUDAGraph
+    outputs: object
+    inputs: list[int]
+
+
+class Piece:
+    """One piece: its compiled callable, and a CUDA graph of it per capture size, recorded on first use."""
+
+    def __init__(self, run, owner: "PiecewiseGraphs"):
+        self.run = run
+        self.owner = owner
+        self.recordings: dict[int, Recording] = {}
+
+    def __call__(self, *args):
+        size = self.owner.size
+        if size is None:
+            return self.run(*args)
+        rec = self.recordings.get(size)
+        if rec is None:
+            return self.record(size, args)
+        if addresses(args) != rec.inputs:
+            # A replay reads the addresses it recorded: anything else would silently compute on stale memory.
+            raise RuntimeError(f"piecewise graph for {size} tokens called with inputs at new addresses")
+        rec.graph.replay()
+        return rec.outputs
+
+    def record(self, size: int, args):
+        self.run(*args)  # first calls compile and autotune: keep them out of the capture
+        graph = torch.cuda.CUDAGraph()
+        with self.owner.capturing(graph):
+            outputs = self.run(*args)
+        self.recordings[size] = Recording(graph, non_owning(outputs), addresses(args))
+        # The caller holds these until their last reader is recorded, so no later piece reuses their memory early.
+        return outputs
+
+
+class PieceCompiler(fx.Interpreter):
+    """Runs the split module on fake inputs, so each piece is compiled for the symbolic shapes it really sees, and
+    swaps each piece for its `Piece` wrapper."""
+
+    def __init__(self, split: fx.GraphModule, pieces: list[str], owner: "PiecewiseGraphs"):
+        super().__init__(split)
+        self.pieces = set(pieces)
+        self.owner = owner
+
+    def call_module(self, target, args, kwargs):
+        out = super().call_module(target, args, kwargs)
+        if target in self.pieces:
+            submod = self.fetch_attr(target)
+            # The split module's forward looks its pieces up as attributes; the instance dict shadows _modules.
+            piece = Piece(self.owner.compile_piece(submod, args), self.owner)
+            self.owner.pieces.append(piece)
+            self.module.__dict__[target] = piece
+        return out
+
+
+class PiecewiseGraphs:
+    """The compiled LM body and its per-size graphs. `forward` runs one step; `size` (a capture size, or None to
+    run the pieces without graphs) is set only for the duration of that call."""
+
+    def __init__(self, model, config: TorchCompileConfig, max_num_tokens: int, device: torch.device):
+        self.sizes = capture_sizes(config, max_num_tokens)
+        self.graphs_on = device.type == "cuda"
+        self.size: int | None = None
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self.stream = torch.cuda.Stream(device) if self.graphs_on else None
+        self.pieces: list[Piece] = []  # filled by the first call, which compiles the body
+        self.replays = 0
+        self.body = torch.compile(model.forward, backend=self.backend, fullgraph=True)
+
+    def backend(self, gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
+        split, pieces = split_at_attention(gm)
+        fake_mode = detect_fake_mode(example_inputs)
+        fake = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        with fake_mode:
+            PieceCompiler(split, pieces, self).run(*fake)
+        logger.info("LM body compiled in %d pieces around %d attention calls", len(pieces),
+                    sum(node.target is ATTENTION for node in gm.graph.nodes))
+        return split
+
+    def compile_piece(self, submod: fx.GraphModule, example_args):
+        """Inductor on CUDA fuses each piece's elementwise chains; elsewhere the piece runs as traced."""
+        if not self.graphs_on:
+            return submod
+        from torch._inductor.compile_fx import compile_fx
+        return compile_fx(submod, list(example_args))
+
+    def size_for(self, num_tokens: int) -> int | None:
+        """The capture size a step of `num_tokens` pads to, or None when it is larger than every size. Off CUDA
+        steps pad the same way and run the pieces without graphs."""
+        return next((s for s in self.sizes if s >= num_tokens), None)
+
+    def forward(self, positions: torch.Tensor, embeds: torch.Tensor, size: int | None) -> torch.Tensor:
+        torch._dynamo.mark_dynamic(embeds, 0)
+        torch._dynamo.mark_dynamic(positions, 1)
+        self.size = size if self.graphs_on else None
+        try:
+            hidden = self.body(positions, inputs_embeds=embeds)
+        finally:
+            self.size = None
+        if self.graphs_on and size is not None:
+            if self.replays == 0:
+                logger.info("first step under piecewise CUDA graphs: %d tokens", size)
+            self.replays += 1
+        return hidden
+
+    @contextlib.contextmanager
+    def capturing(self, graph: torch.cuda.CUDAGraph):
+        """torch.cuda.graph without its per-capture gc.collect and empty_cache: a model has dozens of pieces."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                yield
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(self.stream)
