@@ -116,7 +116,7 @@ def test_piecewise_prefill_graphs_match_hf(arch, checkpoint, ref):
         again = llm.generate(prompts[::-1], GREEDY, use_tqdm=False)
         hit = llm.generate(prompts[1], GREEDY, use_tqdm=False)
         blocks_free = llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
-    assert recorded == {4} and replays > 0 and piecewise.replays > replays
+    assert piecewise.compiles == 1 and recorded == {4} and replays > 0 and piecewise.replays > replays
     assert blocks_free and hit.num_cached_tokens > 0
     assert hit.outputs[0].token_ids == expected[1]
     for i, want in enumerate(expected):

@@ -4,7 +4,8 @@ once per padded batch size, largest first, in one memory pool.
 A graph reads its inputs from the model runner's staging buffers, whose device addresses never change, so a
 replay needs only the step's arrays staged there. Rows past the real batch are padding: slot -1 (the KV store
 skips it) and KV length 0 (attention writes zeros), so they touch no cache block. Every decode step qualifies,
-text-only or multimodal (decode tokens are text), whenever its batch fits the largest captured size. Hybrid
+text-only or multimodal (decode tokens are text), whenever its batch fits the largest captured size. With
+piecewise prefill graphs on, the graph records the compiled LM body, so decode gets inductor's fused kernels too. Hybrid
 models (Qwen3.5) update their linear-attention states in the graph too, gathered and scattered by the slot ids
 staged with the step; padding rows use the state pool's scratch slot.
 """
@@ -29,7 +30,10 @@ class DecodeGraphs:
     def __init__(self, runner, config: CudaGraphConfig, max_batch_size: int, padding_slot: int | None):
         self.runner = runner
         self.padding_slot = padding_slot  # hybrids: the state pool's scratch slot
-        self.sizes = capture_sizes(config, min(max_batch_size, runner.max_num_tokens))
+        sizes = capture_sizes(config, min(max_batch_size, runner.max_num_tokens))
+        # The compiled LM body is traced for two or more tokens; batch 1 pads to 2, which streams the same weights.
+        smallest = 2 if runner.piecewise is not None else 1
+        self.sizes = sorted({max(s, smallest) for s in sizes})
         self.padding = config.enable_padding
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -48,13 +52,13 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             dev, meta = self.runner.stage(padding_inputs(size, self.runner.max_blocks_per_seq, self.padding_slot))
-            set_context(ForwardContext(meta, state=self.state_metadata(size, dev)))
+            state = self.state_metadata(size, dev)
             try:
-                self.forward(dev)  # compiles the kernels outside the capture
+                self.forward(dev, meta, state, size)  # compiles the kernels outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[size] = self.forward(dev)
+                    self.logits[size] = self.forward(dev, meta, state, size)
             finally:
                 reset_context()
             self.graphs[size] = graph
@@ -68,9 +72,11 @@ class DecodeGraphs:
             return None
         return StateMetadata(dev["state_slots"], [1] * size, [], [False] * size, [[]] * size, decode=True)
 
-    def forward(self, dev: dict) -> torch.Tensor:
-        model = self.runner.model
-        return model.compute_logits(model(dev["positions"], input_ids=dev["input_ids"])).float()
+    def forward(self, dev: dict, meta, state: StateMetadata | None, size: int) -> torch.Tensor:
+        """The LM body the runner uses (the compiled one when piecewise graphs are on, its pieces then run inside
+        this graph) and the LM head. Deepstack rows are zeroed inside the graph: decode tokens are text."""
+        set_context(ForwardContext(meta, self.runner.step_deepstack(size, None), state))
+        return self.runner.model.compute_logits(self.runner.body(dev, None, None)).float()
 
     def replay(self, size: int, batch_size: int) -> torch.Tensor:
         if self.replays == 0:

@@ -110,16 +110,17 @@ class PieceCompiler(fx.Interpreter):
 
     def __init__(self, split: fx.GraphModule, pieces: list[str], owner: "PiecewiseGraphs"):
         super().__init__(split)
-        self.pieces = set(pieces)
+        self.names = set(pieces)
         self.owner = owner
+        self.pieces: list[Piece] = []
 
     def call_module(self, target, args, kwargs):
         out = super().call_module(target, args, kwargs)
-        if target in self.pieces:
+        if target in self.names:
             submod = self.fetch_attr(target)
-            # The split module's forward looks its pieces up as attributes; the instance dict shadows _modules.
             piece = Piece(self.owner.compile_piece(submod, args), self.owner)
-            self.owner.pieces.append(piece)
+            self.pieces.append(piece)
+            # The split module's forward looks its pieces up as attributes; the instance dict shadows _modules.
             self.module.__dict__[target] = piece
         return out
 
@@ -134,7 +135,8 @@ class PiecewiseGraphs:
         self.size: int | None = None
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
         self.stream = torch.cuda.Stream(device) if self.graphs_on else None
-        self.pieces: list[Piece] = []  # filled by the first call, which compiles the body
+        self.pieces: list[Piece] = []  # set by the first call, which compiles the body
+        self.compiles = 0
         self.replays = 0
         self.body = torch.compile(model.forward, backend=self.backend, fullgraph=True)
 
@@ -142,10 +144,14 @@ class PiecewiseGraphs:
         split, pieces = split_at_attention(gm)
         fake_mode = detect_fake_mode(example_inputs)
         fake = [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        compiler = PieceCompiler(split, pieces, self)
         with fake_mode:
-            PieceCompiler(split, pieces, self).run(*fake)
-        logger.info("LM body compiled in %d pieces around %d attention calls", len(pieces),
-                    sum(node.target is ATTENTION for node in gm.graph.nodes))
+            compiler.run(*fake)
+        self.pieces = compiler.pieces
+        self.compiles += 1
+        log = logger.info if self.compiles == 1 else logger.warning  # a recompile records its graphs anew
+        log("LM body compiled (%d) in %d pieces around %d attention calls", self.compiles, len(pieces),
+            sum(node.target is ATTENTION for node in gm.graph.nodes))
         return split
 
     def compile_piece(self, submod: fx.GraphModule, example_args):
