@@ -1,7 +1,8 @@
 """Where a step's GPU time goes: the top kernels (torch.profiler) of one TTFT request (one image + ISL tokens,
-max_tokens=1) and of decode steps at a batch size, with the engine configured as bench_engine.py configures it.
+max_tokens=1), of decode steps at a batch size, and of one eager vision encode of several images, with the engine
+configured as bench_engine.py configures it.
 
-    python perf/profile_engine.py --model qwen3_vl_8b --piecewise-graphs --encoder-graphs --batch 1
+    python perf/profile_engine.py --model qwen3_vl_8b --piecewise-graphs --batch 1 --vit-images 8
 """
 import argparse
 import contextlib
@@ -14,7 +15,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_engine import Prompts, decode_steps, llm_kwargs, model_dir_for, parse, warm, workload  # noqa: E402
+from bench_engine import (Prompts, decode_steps, encode_items, llm_kwargs, model_dir_for, parse, paused,  # noqa: E402
+                          warm, workload)
 from trtllm_qwenvl import LLM, SamplingParams  # noqa: E402
 
 ACTIVITIES = [ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]
@@ -36,6 +38,7 @@ def main() -> None:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--batch", type=int, default=1)
     extra.add_argument("--decode-steps", type=int, default=8)
+    extra.add_argument("--vit-images", type=int, default=8)
     extra.add_argument("--rows", type=int, default=15)
     mine, rest = extra.parse_known_args()
     args = parse(rest)
@@ -58,9 +61,16 @@ def main() -> None:
             t = time.perf_counter()
             times = decode_steps(llm, prompts, mine.batch, mine.decode_steps + 3, around)
             print(f"decode batch {mine.batch}: {len(times)} profiled steps, {time.perf_counter() - t:.1f}s")
+            items = [llm.engine.processor(prompts.image()).mm_items[0] for _ in range(mine.vit_images)]
+            with paused(llm) as engine:
+                encode_items(engine, items)  # warm: this batch's shapes
+                with profile(activities=ACTIVITIES) as vit:
+                    encode_items(engine, items)
     print(kernel_table(ttft, f"TTFT request (ISL {work.isl}, one image)", 1, mine.rows))
     print()
     print(kernel_table(decode, f"decode batch {mine.batch}", len(times), mine.rows))
+    print()
+    print(kernel_table(vit, f"vision encode of {mine.vit_images} images, eager", 1, mine.rows))
 
 
 if __name__ == "__main__":
