@@ -94,6 +94,9 @@ class LlmArgs:
     # On by default as in trtllm's PyTorch backend; None (YAML null) turns decode graphs off. CUDA only.
     cuda_graph_config: CudaGraphConfig | None = field(default_factory=CudaGraphConfig)
     torch_compile_config: TorchCompileConfig | None = None
+    # As trtllm's: by default the host schedules and launches step N+1 before reading step N's tokens, which
+    # then feed N+1 on the device; a sequence that stops at N has computed one token more than it keeps.
+    disable_overlap_scheduler: bool = False
     multimodal_config: MultimodalConfig = field(default_factory=MultimodalConfig)
     # Media rules, named as in vLLM. Local files (file:// or bare paths) are read only under
     # `allowed_local_media_path`; http(s) only with `allow_remote_media`.

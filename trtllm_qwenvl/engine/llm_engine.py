@@ -106,6 +106,8 @@ class LLMEngine:
             self.encoder.enable_graphs(args.multimodal_config.encoder_cuda_graph, self.dtype)
             self.log_memory("vision encoder graphs captured")
         self.states: dict[str, tuple[Sequence, IncrementalDetokenizer, RequestMetrics]] = {}
+        self.overlap = not args.disable_overlap_scheduler
+        self.in_flight = None  # the launched step whose tokens the next step reads (overlap scheduler)
         logger.info("loaded %s (%s) on %s: %d KV blocks x %d tokens", self.model.architecture, self.dtype,
                     self.device, num_blocks, kv.tokens_per_block)
 
@@ -172,7 +174,7 @@ class LLMEngine:
         return self.output(seq, "", [])
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.in_flight is not None
 
     def stats(self) -> EngineStats:
         """A snapshot for monitoring; safe to read from another thread (plain counters and lengths)."""
@@ -189,32 +191,59 @@ class LLMEngine:
         except Exception as e:  # scheduler state is suspect: fail what it holds rather than retry it forever
             logger.exception("scheduling failed")
             return [self.fail(seq, e) for seq in [*self.scheduler.running, *self.scheduler.waiting]]
-        if not batch:
-            return []
-        try:
-            media = self.encoder.prepare(batch)
-            sampled = self.runner.run(batch, media)
-        except Exception as e:  # a failed step fails its requests, frees their blocks, and the engine goes on
-            logger.exception("step failed")
-            return [self.fail(s.seq, e) for s in batch]
-        return self.postprocess(batch, sampled)
-
-    def postprocess(self, batch: list[ScheduledSeq], sampled: list[SampledToken]) -> list[RequestOutput]:
-        outputs = []
-        tokens = iter(sampled)
-        for s in batch:
-            seq = s.seq
-            seq.num_computed_tokens = s.end
-            self.blocks.commit(seq)
-            if s.samples:
-                outputs.append(self.append(seq, next(tokens)))
+        outputs, launched = [], None
+        if batch:
+            try:
+                media = self.encoder.prepare(batch)
+                launched = self.runner.run(batch, media, self.in_flight)
+            except Exception as e:  # a failed step fails its requests, frees their blocks, and the engine goes on
+                logger.exception("step failed")
+                outputs = [self.fail(s.seq, e) for s in batch]
+        # Overlap: the previous step's tokens are read while this step runs on the GPU. They must be in place
+        # before `advance` publishes this step's blocks, whose last input token may be one of them.
+        done, self.in_flight = self.in_flight, None
+        if done is not None:
+            outputs += self.complete(done)
+        if launched is not None:
+            self.advance(batch, launched)
+            if self.overlap:
+                self.in_flight = launched
+            else:
+                outputs += self.complete(launched)
         return outputs
 
-    def append(self, seq: Sequence, tok: SampledToken) -> RequestOutput:
+    def advance(self, batch: list[ScheduledSeq], launched) -> None:
+        """Book the launched step on the host before its tokens are known: computed tokens, published blocks, and
+        a placeholder for each sampled token, so the next step can be scheduled and fed from the device."""
+        for s in batch:
+            seq = s.seq
+            if seq.is_finished:  # finished (stop string, abort) while this step was being launched
+                continue
+            sampled = s.samples
+            seq.num_computed_tokens = s.end
+            self.blocks.commit(seq)
+            if sampled:
+                seq.token_ids.append(0)
+                seq.num_pending = 1
+                seq.last_token_in_flight = (seq.num_output_tokens >= seq.params.max_tokens
+                                            or len(seq) >= self.max_seq_len)
+
+    def complete(self, launched) -> list[RequestOutput]:
+        """Read a launched step's tokens into their placeholders and emit the outputs."""
+        outputs = []
+        for seq, tok in zip(launched.seqs, self.runner.collect(launched)):
+            if seq.is_finished or not seq.num_pending:  # finished meanwhile, or its step failed
+                continue
+            seq.token_ids[-1] = tok.token_id
+            seq.num_pending = 0
+            seq.last_token_in_flight = False
+            outputs.append(self.accept(seq, tok))
+        return outputs
+
+    def accept(self, seq: Sequence, tok: SampledToken) -> RequestOutput:
         _, detok, metrics = self.states[seq.request_id]
         if metrics.first_token_time is None:
             metrics.first_token_time = time.time()
-        seq.token_ids.append(tok.token_id)
         if tok.logprob is not None:
             seq.cumulative_logprob += tok.logprob
             seq.logprobs.append({tok.token_id: tok.logprob, **tok.top_logprobs})
@@ -240,6 +269,9 @@ class LLMEngine:
         return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.num_pending:  # a token still in flight is never emitted
+            del seq.token_ids[-seq.num_pending:]
+            seq.num_pending = 0
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.encoder.release(seq)

@@ -27,6 +27,16 @@ class SampledToken:
     top_logprobs: dict[int, float] | None = None
 
 
+@dataclass
+class Launched:
+    """A step whose tokens are being sampled on the device, and what reading them back needs."""
+    seqs: list                     # the sequences of the sampled rows, in row order
+    tokens: torch.Tensor           # (len(seqs),) device token ids
+    host: torch.Tensor | None      # the pinned buffer they are copied into (CUDA)
+    ready: torch.cuda.Event | None  # recorded after that copy
+    logprobs: tuple | None = None  # (chosen, top ids, top values) on the device, when any row asked
+
+
 def kv_bytes_per_token(model, dtype: torch.dtype) -> int:
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     return sum(2 * m.num_kv_heads * m.head_dim for m in layers) * torch.finfo(dtype).bits // 8
@@ -52,8 +62,12 @@ class ModelRunner:
         self.deepstack = torch.zeros(levels, max_num_tokens, hidden, dtype=dtype, device=device) if levels else None
         self.hybrid = any(isinstance(m, GatedDeltaNet) for m in model.modules())
         self.staging = StagingBuffers(staging_sizes(max_num_tokens, max_batch_size, self.max_blocks_per_seq), device)
-        self.sampled = torch.zeros(max_batch_size, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.sampled_ready = torch.cuda.Event() if device.type == "cuda" else None
+        # Two read-back buffers: with the overlap scheduler a step's tokens are copied while the host still reads
+        # the previous step's.
+        cuda = device.type == "cuda"
+        self.sampled = [torch.zeros(max_batch_size, dtype=torch.long, pin_memory=cuda) for _ in range(2)]
+        self.sampled_ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self.launches = 0
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None
         self.embeds: torch.Tensor | None = None  # the compiled body's static input
@@ -124,7 +138,7 @@ class ModelRunner:
 
     def stage(self, host: dict) -> tuple[dict, AttentionMetadata]:
         """Copy the step's arrays into the staging buffers (one non-blocking H2D each)."""
-        dev = {k: self.staging.put(k, v) for k, v in host.items() if isinstance(v, np.ndarray)}
+        dev = self.staging.put_all({k: v for k, v in host.items() if isinstance(v, np.ndarray)})
         meta = AttentionMetadata(dev["cu_seqlens_q"], dev["seq_lens_k"], dev["block_tables"], dev["slot_mapping"],
                                  dev["token_seq"], dev["token_pos"], host["max_q"], host["max_k"], self.block_size)
         return dev, meta
@@ -164,7 +178,9 @@ class ModelRunner:
         return size
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq], media: StepMedia | None) -> list[SampledToken]:
+    def run(self, batch: list[ScheduledSeq], media: StepMedia | None, feed: Launched | None = None) -> Launched:
+        """Launch the step and its sampling; `collect` reads the tokens. Input tokens still in flight from the
+        previous step (`feed`, overlap scheduler) are copied into the step's input ids on the device."""
         with nvtx_range("prepare"):
             host = self.build(batch)
             size = self.graph_size(batch, media)
@@ -174,7 +190,10 @@ class ModelRunner:
             elif self.piecewise is not None:
                 padded = self.piecewise.size_for(len(host["input_ids"]))
                 host = pad_tokens(host, padded) if padded else host
+            host.update(feed_indices(batch, host["cu_seqlens_q"], feed))  # padding keeps the real rows' places
             dev, meta = self.stage(host)
+            if len(host["feed_rows"]):
+                dev["input_ids"].index_copy_(0, dev["feed_rows"], feed.tokens.index_select(0, dev["feed_src"]))
         with nvtx_range("forward"):
             if size is not None:
                 logits = self.graphs.replay(size, len(batch))
@@ -205,30 +224,34 @@ class ModelRunner:
             return self.model(dev["positions"], input_ids=ids)
         return self.model(dev["positions"], inputs_embeds=self.embed(ids, media))
 
-    def sample(self, logits: torch.Tensor, seqs) -> list[SampledToken]:
-        if not seqs:
-            return []
-        tokens = sample(logits, seqs)
+    def sample(self, logits: torch.Tensor, seqs) -> Launched:
+        """Sample on the device and start copying the ids back; nothing here waits for the GPU."""
+        tokens = sample(logits, seqs) if seqs else logits.new_zeros(0, dtype=torch.long)
         want = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
-        if not want:
-            return [SampledToken(t) for t in self.read(tokens)]
-        chosen, top_ids, top_values = gather_logprobs(logits, tokens, max(want))
-        out = []
-        for seq, t, lp, ids, vals in zip(seqs, self.read(tokens), chosen.tolist(), top_ids.tolist(),
-                                         top_values.tolist()):
-            k = seq.params.logprobs or 0
-            out.append(SampledToken(t, lp, dict(zip(ids[:k], vals[:k]))))
-        return out
-
-    def read(self, tokens: torch.Tensor) -> list[int]:
-        """The step's one wait on the GPU: sampled ids through a pinned buffer and an event."""
+        logprobs = gather_logprobs(logits, tokens, max(want)) if want else None
         if self.sampled_ready is None:
-            return tokens.tolist()
-        host = self.sampled[:tokens.shape[0]]
+            return Launched(seqs, tokens, None, None, logprobs)
+        i = self.launches % 2
+        self.launches += 1
+        host = self.sampled[i][:tokens.shape[0]]
         host.copy_(tokens, non_blocking=True)
-        self.sampled_ready.record()
-        self.sampled_ready.synchronize()
-        return host.tolist()
+        self.sampled_ready[i].record()
+        return Launched(seqs, tokens, host, self.sampled_ready[i], logprobs)
+
+    def collect(self, launched: Launched) -> list[SampledToken]:
+        ids = self.read(launched)
+        if launched.logprobs is None:
+            return [SampledToken(t) for t in ids]
+        chosen, top_ids, top_values = (t.tolist() for t in launched.logprobs)
+        return [SampledToken(t, lp, dict(zip(i[:seq.params.logprobs or 0], v[:seq.params.logprobs or 0])))
+                for seq, t, lp, i, v in zip(launched.seqs, ids, chosen, top_ids, top_values)]
+
+    def read(self, launched: Launched) -> list[int]:
+        """The step's one wait on the GPU: its sampled ids, through a pinned buffer and an event."""
+        if launched.ready is None:
+            return launched.tokens.tolist()
+        launched.ready.synchronize()
+        return launched.host.tolist()
 
 
 def positions(batch: list[ScheduledSeq], index: np.ndarray, token_seq: np.ndarray, cu: np.ndarray) -> np.ndarray:
@@ -242,6 +265,19 @@ def positions(batch: list[ScheduledSeq], index: np.ndarray, token_seq: np.ndarra
             hi = min(s.end, prompt.shape[1])
             out[:, cu[i]:cu[i] + hi - s.start] = prompt[:, s.start:hi]
     return out
+
+
+def feed_indices(batch: list[ScheduledSeq], cu: np.ndarray, feed: Launched | None) -> dict:
+    """Rows of the step whose input token is a placeholder for a token the previous step is still sampling, and
+    that token's row in the previous step's output."""
+    rows, src = [], []
+    if feed is not None:
+        where = {id(seq): i for i, seq in enumerate(feed.seqs)}
+        for i, s in enumerate(batch):
+            if s.seq.num_pending and s.end == len(s.seq):
+                rows.append(cu[i + 1] - 1)
+                src.append(where[id(s.seq)])
+    return {"feed_rows": np.array(rows, dtype=np.int64), "feed_src": np.array(src, dtype=np.int64)}
 
 
 def pad_tokens(host: dict, size: int) -> dict:
@@ -271,4 +307,5 @@ def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:
     return {"input_ids": (max_tokens, long), "positions": (3 * max_tokens, long), "slot_mapping": (max_tokens, long),
             "token_seq": (max_tokens, long), "token_pos": (max_tokens, long), "cu_seqlens_q": (max_batch + 1, i32),
             "seq_lens_k": (max_batch, i32), "block_tables": (max_batch * max_blocks, i32),
-            "logits_indices": (max_batch, long), "state_slots": (max_batch, long)}
+            "logits_indices": (max_batch, long), "state_slots": (max_batch, long), "feed_rows": (max_batch, long),
+            "feed_src": (max_batch, long)}

@@ -50,7 +50,7 @@ class Scheduler:
         budget = self.max_num_tokens
         batch = []
         for seq in list(self.running):
-            if seq not in self.running or budget == 0:
+            if seq not in self.running or budget == 0 or seq.last_token_in_flight:
                 continue
             n = min(len(seq) - seq.num_computed_tokens, budget)
             if not self.reserve(seq, seq.num_computed_tokens + n):
@@ -67,6 +67,8 @@ class Scheduler:
         return batch
 
     def admit(self, seq: Sequence, budget: int) -> ScheduledSeq | None:
+        if seq.num_pending:  # preempted while its next token was in flight: prefill it once that token is known
+            return None
         hits = self.blocks.match_prefix(seq)
         n = len(seq) - len(hits) * self.blocks.block_size
         if n > budget and not self.chunked_prefill:

@@ -58,6 +58,10 @@ class Sequence:
         self.pending_snapshots: list[int] = []  # keys of state snapshots the current step saves
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        # Overlap scheduler: the last token is a placeholder while the step that samples it runs (0 or 1), and a
+        # sequence whose in-flight token is its last by length is not scheduled again.
+        self.num_pending = 0
+        self.last_token_in_flight = False
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] = []

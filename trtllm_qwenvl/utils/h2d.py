@@ -26,7 +26,7 @@ class StagingBuffers:
     `put` writes a step's array into the twin and copies it with one non-blocking H2D into the front of the
     device buffer, so a step allocates nothing and the device addresses never change: CUDA graphs read these
     buffers as their static inputs. Each buffer is flat, so every staged region is one contiguous copy.
-    Rewriting a twin is safe once the previous step's sampled tokens have been read, which waits on its copies.
+    `put_all` stages a whole step and keeps its twins from being rewritten before its copies have read them.
     """
 
     def __init__(self, sizes: dict[str, tuple[int, torch.dtype]], device: torch.device):
@@ -35,6 +35,18 @@ class StagingBuffers:
         self.device_bufs = {name: torch.zeros(n, dtype=dtype, device=device) for name, (n, dtype) in sizes.items()}
         self.host_bufs = {} if self.on_cpu else {
             name: torch.zeros(n, dtype=dtype, pin_memory=True) for name, (n, dtype) in sizes.items()}
+        self.copied = None if self.on_cpu else torch.cuda.Event()
+
+    def put_all(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """`put` each array. With the overlap scheduler the host stages a step while the GPU may not yet have run
+        the previous step's copies out of the same twins, so this first waits for those copies (by then they are
+        next in the stream, so the wait is short)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        dev = {name: self.put(name, data) for name, data in arrays.items()}
+        if self.copied is not None:
+            self.copied.record()
+        return dev
 
     def put(self, name: str, data: np.ndarray) -> torch.Tensor:
         """The device view of `data` (same shape) at the front of buffer `name`."""
