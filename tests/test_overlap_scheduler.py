@@ -3,7 +3,6 @@ those tokens feed N+1 on the device. Outputs must be exactly those of the synchr
 (`disable_overlap_scheduler`), greedy tokens those of HF transformers, and a request that stops, hits its length,
 fails or is aborted while a token is in flight must emit no placeholder and free every block."""
 import numpy as np
-import pytest
 
 from trtllm_qwenvl import LLM, SamplingParams
 from trtllm_qwenvl.config import LlmArgs

@@ -12,7 +12,6 @@ import json
 import pathlib
 import statistics
 
-import numpy as np
 import torch
 
 from trtllm_qwenvl.kernels.kv_store import store_kv
@@ -22,12 +21,13 @@ from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
-from trtllm_qwenvl.layers.forward_context import AttentionMetadata
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
 from trtllm_qwenvl.models.vision_common import merge_order_hw
 from trtllm_qwenvl.utils.h2d import async_tensor_h2d
+
+from test_kernels import PagedBatch
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -62,33 +62,10 @@ def measure_roofline() -> dict:
 # ---- paged attention ---------------------------------------------------------------------------------------------
 
 def paged_step(specs: list[tuple[int, int]], seed: int = 0):
-    """(cached context, new tokens) per sequence -> q, k, v, caches and metadata, pages scattered."""
-    torch.manual_seed(seed)
-    lens_k = [c + n for c, n in specs]
-    per_seq = [-(-n // PAGE) for n in lens_k]
-    num_blocks = sum(per_seq)
-    perm = torch.randperm(num_blocks)
-    tables = torch.zeros(len(specs), max(per_seq), dtype=torch.int32)
-    slots, at = [], 0
-    for i, (ctx, n) in enumerate(specs):
-        tables[i, :per_seq[i]] = perm[at:at + per_seq[i]].int()
-        at += per_seq[i]
-        pos = torch.arange(ctx, ctx + n)
-        slots.append(tables[i, pos // PAGE].long() * PAGE + pos % PAGE)
-    n_tok = sum(n for _, n in specs)
-    cache_shape = (num_blocks, PAGE, KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(cache_shape, device=DEV, dtype=BF16)
-    v_cache = torch.randn(cache_shape, device=DEV, dtype=BF16)
-    q = torch.randn(n_tok, HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-    k = torch.randn(n_tok, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-    v = torch.randn_like(k)
-    q_lens = [n for _, n in specs]
-    cu = np.concatenate(([0], np.cumsum(q_lens))).astype(np.int32)
-    meta = AttentionMetadata(
-        torch.from_numpy(cu).to(DEV), torch.tensor(lens_k, dtype=torch.int32, device=DEV), tables.to(DEV),
-        torch.cat(slots).to(DEV), torch.repeat_interleave(torch.arange(len(specs)), torch.tensor(q_lens)).to(DEV),
-        torch.cat([torch.arange(n) for n in q_lens]).to(DEV), max(q_lens), max(lens_k), PAGE)
-    return q, k, v, k_cache, v_cache, meta
+    """(cached context, new tokens) per sequence -> q, k, v, caches and metadata, pages scattered (the GPU suite's
+    fixture, at the Qwen3-VL-8B attention shape in bf16)."""
+    b = PagedBatch(specs, HEADS, KV_HEADS, HEAD_DIM, PAGE, BF16, seed)
+    return b.q, b.k, b.v, b.k_cache, b.v_cache, b.meta
 
 
 def attention_bytes_flops(specs) -> tuple[float, float]:

@@ -46,8 +46,8 @@ def split_at_attention(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
         else:
             parts[node] = part
     split = split_module(gm, None, lambda node: parts[node], keep_original_order=True)
-    attention = {p for node, p in parts.items() if node.op == "call_function" and node.target is ATTENTION}
-    return split, [f"submod_{p}" for p in sorted(set(parts.values()) - attention)]
+    attention_parts = {p for node, p in parts.items() if node.op == "call_function" and node.target is ATTENTION}
+    return split, [f"submod_{p}" for p in sorted(set(parts.values()) - attention_parts)]
 
 
 def non_owning(value):

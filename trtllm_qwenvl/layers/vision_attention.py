@@ -44,8 +44,13 @@ class VisionAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos_sin, segments: Segments) -> torch.Tensor:
         s = x.shape[0]
         q, k, v = self.qkv(x).view(s, 3, self.num_heads, self.head_dim).unbind(1)
-        # Rotary in fp32, as the reference towers do, then back to the activation dtype.
-        q = apply_rotary(q.float(), *cos_sin).to(x.dtype)
-        k = apply_rotary(k.float(), *cos_sin).to(x.dtype)
+        # Rotary in fp32, as the reference towers do, then back to the activation dtype. On CUDA one Triton launch
+        # rotates q and k in place inside the qkv output: no fp32 copies, no casts back.
+        if q.is_cuda:
+            from ..kernels.vision_rotary import apply_vision_rotary  # triton: GPU machines only
+            q, k = apply_vision_rotary(q, k, *cos_sin)
+        else:
+            q = apply_rotary(q.float(), *cos_sin).to(x.dtype)
+            k = apply_rotary(k.float(), *cos_sin).to(x.dtype)
         out = vit_attention(q, k, v, segments, self.head_dim ** -0.5)
         return self.proj(out.reshape(s, -1))
