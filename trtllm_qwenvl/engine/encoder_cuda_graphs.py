@@ -1,12 +1,16 @@
 """CUDA graphs for the vision tower (`multimodal_config.encoder_cuda_graph`), images and videos alike.
 
 The model side of the protocol is `VisionTower.prepare` (per-grid tensors, eager and cached) and `VisionTower.run`
-(the blocks and mergers), which a graph replays on static buffers. This side owns the budgets: one graph per power
-of two patches, captured largest first in one pool; a batch is packed into the smallest budget that holds it.
-Padding patches form extra segments that attend only among themselves (zero pixels), cut no longer than the
-kind's longest real segment (Qwen2.5-VL windows), and the cu_seqlens tail repeats the budget, i.e. empty
-segments, so the segment count and the varlen kernel's max length are fixed per graph and stay tight. A batch that
-fits no graph (too many patches, items or frames) runs eagerly; `hits` and `misses` count both.
+(the blocks and mergers), which a graph replays on static buffers. This side owns the keys: a graph per power of
+two patches (the budget) and per power of two up to it bounding the longest frame (the cap), captured largest first
+in one pool; a batch takes the smallest budget that holds it, then the smallest cap that holds its longest frame.
+
+The cap exists because the varlen kernel launches max-length x segment-count blocks: capped at the budget, eight
+1024-patch images in the 8192 budget would launch 8x the blocks they fill, plus as many for every empty segment
+slot. Padding patches form extra segments that attend only among themselves (zero pixels), no longer than the cap
+(or than Qwen2.5-VL's window for window segments), and the cu_seqlens tail repeats the budget, i.e. empty segments,
+so the segment count and max length are fixed per graph. A batch that fits no graph (too many patches, items or
+frames) runs eagerly; `hits` and `misses` count both.
 
 Graphs need the fused varlen ViT attention (CUDA, bf16/fp16): the SDPA-per-segment fallback loops over host
 lengths, which a capture would freeze.
@@ -30,16 +34,20 @@ def budgets(config: EncoderCudaGraphConfig) -> list[int]:
     return sizes + [config.max_tokens]
 
 
+def caps(budget: int, budgets_: list[int]) -> list[int]:
+    return [b for b in budgets_ if b <= budget]
+
+
 class StaticInputs:
     """One graph's inputs: the front rows of the shared buffers, `budget` patch rows in all."""
 
-    def __init__(self, buffers: dict, budget: int, tower, max_frames: int):
+    def __init__(self, buffers: dict, budget: int, cap: int, tower, max_frames: int):
         self.pixels = buffers["pixels"][:budget]
         self.cos, self.sin = buffers["cos"][:budget], buffers["sin"][:budget]
         self.pos = buffers["pos"][:budget] if "pos" in buffers else None
-        self.cu = {kind: buf[:segment_slots(kind, budget, tower.unit, max_frames)]
+        self.cu = {kind: buf[:segment_slots(kind, budget, cap, tower.unit, max_frames)]
                    for kind, buf in buffers["cu"].items()}
-        self.max_len = {kind: tower.max_segment.get(kind, budget) for kind in self.cu}
+        self.max_len = {kind: tower.max_segment.get(kind, cap) for kind in self.cu}
         self.segments = {kind: Segments([], cu, self.max_len[kind]) for kind, cu in self.cu.items()}
         self.inputs = VisionInputs(self.cos, self.sin, self.pos, None, {})
 
@@ -56,10 +64,10 @@ class StaticInputs:
         return cu
 
 
-def segment_slots(kind: str, budget: int, unit: int, max_frames: int) -> int:
-    """cu_seqlens entries per graph: frames are bounded by the config; other segments hold at least one merge
-    unit each."""
-    return max_frames + 2 if kind == "frames" else budget // unit + 2
+def segment_slots(kind: str, budget: int, cap: int, unit: int, max_frames: int) -> int:
+    """cu_seqlens entries per graph: frames are bounded by the config, plus padding pieces of at most `cap`
+    patches; other segments hold at least one merge unit each."""
+    return max_frames + budget // cap + 2 if kind == "frames" else budget // unit + 2
 
 
 class EncoderGraphs:
@@ -67,8 +75,9 @@ class EncoderGraphs:
         self.tower = tower
         self.config = config
         self.budgets = budgets(config)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, VisionOutput] = {}
+        self.keys = [(b, c) for b in self.budgets for c in caps(b, self.budgets)]
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], VisionOutput] = {}
         self.hits = self.misses = 0
         self.buffers = self.allocate(dtype, device)
 
@@ -85,7 +94,7 @@ class EncoderGraphs:
             "pixels": torch.zeros(n, patch_dim, dtype=dtype, device=device),
             "cos": torch.ones(n, probe.cos.shape[1], dtype=probe.cos.dtype, device=device),
             "sin": torch.zeros(n, probe.sin.shape[1], dtype=probe.sin.dtype, device=device),
-            "cu": {kind: torch.zeros(segment_slots(kind, n, self.tower.unit, self.config.max_frames),
+            "cu": {kind: torch.zeros(segment_slots(kind, n, self.budgets[0], self.tower.unit, self.config.max_frames),
                                      dtype=torch.int32, device=device) for kind in probe.segments},
         }
         if probe.pos is not None:
@@ -95,43 +104,50 @@ class EncoderGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        for budget in reversed(self.budgets):
-            static = self.static(budget)
+        for key in reversed(self.keys):
+            static = self.static(key)
             for kind, cu in static.cu.items():  # padding covers the whole budget
-                cu.copy_(torch.from_numpy(static.cu_seqlens(kind, [], budget)))
+                cu.copy_(torch.from_numpy(static.cu_seqlens(kind, [], key[0])))
             self.tower.run(static.pixels, static.inputs, static.segments)  # compiles outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[budget] = self.tower.run(static.pixels, static.inputs, static.segments)
-            self.graphs[budget] = graph
+                self.outputs[key] = self.tower.run(static.pixels, static.inputs, static.segments)
+            self.graphs[key] = graph
         torch.cuda.synchronize()
-        logger.info("vision encoder CUDA graphs captured for budgets %s patches (at most %d items, %d frames)",
-                    self.budgets, self.config.max_items, self.config.max_frames)
+        logger.info("vision encoder CUDA graphs captured for budgets %s patches, each with frame caps up to it "
+                    "(%d graphs; at most %d items, %d frames)", self.budgets, len(self.keys), self.config.max_items,
+                    self.config.max_frames)
 
-    def static(self, budget: int) -> StaticInputs:
-        return StaticInputs(self.buffers, budget, self.tower, self.config.max_frames)
+    def static(self, key: tuple[int, int]) -> StaticInputs:
+        return StaticInputs(self.buffers, *key, self.tower, self.config.max_frames)
 
-    def budget_for(self, num_patches: int, grids: list[tuple[int, int, int]]) -> int | None:
+    def key_for(self, num_patches: int, grids: list[tuple[int, int, int]],
+                segments: dict[str, list[int]]) -> tuple[int, int] | None:
         if len(grids) > self.config.max_items or sum(g[0] for g in grids) > self.config.max_frames:
             return None
-        return next((b for b in self.budgets if b >= num_patches), None)
+        budget = next((b for b in self.budgets if b >= num_patches), None)
+        if budget is None:
+            return None
+        longest = max((max(lens, default=0) for kind, lens in segments.items() if kind not in self.tower.max_segment),
+                      default=0)
+        return budget, next(c for c in caps(budget, self.budgets) if c >= longest)
 
     def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput | None:
         """The tower's output for these items, or None when no graph fits (the caller runs it eagerly)."""
-        budget = self.budget_for(pixels.shape[0], grids)
-        if budget is None:
-            self.misses += 1
-            return None
-        inputs, static = self.tower.prepare(grids), self.static(budget)
-        cu = {k: static.cu_seqlens(k, lens, budget) for k, lens in inputs.segments.items()}
-        if any(c is None for c in cu.values()):
+        inputs = self.tower.prepare(grids)
+        key = self.key_for(pixels.shape[0], grids, inputs.segments)
+        static = cu = None
+        if key is not None:
+            static = self.static(key)
+            cu = {k: static.cu_seqlens(k, lens, key[0]) for k, lens in inputs.segments.items()}
+        if cu is None or any(c is None for c in cu.values()):
             self.misses += 1
             return None
         self.hits += 1
         self.stage(static, to_attention_order(pixels, inputs.order, self.tower.unit), inputs, cu)
-        self.graphs[budget].replay()
-        out, rows = self.outputs[budget], pixels.shape[0] // self.tower.unit
+        self.graphs[key].replay()
+        out, rows = self.outputs[key], pixels.shape[0] // self.tower.unit
         # Copies: the next replay overwrites the graph's outputs, and the encoder cache keeps these.
         result = VisionOutput(out.embeds[:rows].clone(),
                               None if out.deepstack is None else out.deepstack[:, :rows].clone())
