@@ -13,11 +13,12 @@ import pathlib
 import statistics
 
 import torch
+import triton
 
-from trtllm_qwenvl.kernels.kv_store import store_kv
 from trtllm_qwenvl.kernels.mrope import apply_mrope
 from trtllm_qwenvl.kernels.paged_decode import paged_decode_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
+from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
@@ -27,7 +28,7 @@ from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
 from trtllm_qwenvl.models.vision_common import merge_order_hw
 from trtllm_qwenvl.utils.h2d import async_tensor_h2d
 
-from test_kernels import PagedBatch
+from test_kernels import PagedBatch, identity_prologue, prologue_inputs
 
 DEV = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -62,10 +63,10 @@ def measure_roofline() -> dict:
 # ---- paged attention ---------------------------------------------------------------------------------------------
 
 def paged_step(specs: list[tuple[int, int]], seed: int = 0):
-    """(cached context, new tokens) per sequence -> q, k, v, caches and metadata, pages scattered (the GPU suite's
-    fixture, at the Qwen3-VL-8B attention shape in bf16)."""
+    """(cached context, new tokens) per sequence -> q, k, v, caches, metadata and a no-op prologue, pages scattered
+    (the GPU suite's fixture, at the Qwen3-VL-8B attention shape in bf16)."""
     b = PagedBatch(specs, HEADS, KV_HEADS, HEAD_DIM, PAGE, BF16, seed)
-    return b.q, b.k, b.v, b.k_cache, b.v_cache, b.meta
+    return b.q, b.k, b.v, b.k_cache, b.v_cache, b.meta, identity_prologue(b)
 
 
 def attention_bytes_flops(specs) -> tuple[float, float]:
@@ -78,20 +79,20 @@ def attention_bytes_flops(specs) -> tuple[float, float]:
 
 
 def bench_backend(name: str, specs) -> dict:
-    q, k, v, k_cache, v_cache, meta = paged_step(specs)
+    q, k, v, k_cache, v_cache, meta, prologue = paged_step(specs)
     out = torch.empty_like(q)
     scale = HEAD_DIM ** -0.5
     times = {}
     for backend in (TorchPagedAttention, TritonPagedAttention):
         meta.plan = backend.plan(meta)
         times[backend.name] = time_ms(
-            lambda: backend.forward(q, k, v, k_cache, v_cache, out, scale, meta))
+            lambda: backend.forward(q, k, v, prologue, k_cache, v_cache, out, scale, meta))
     byts, flops = attention_bytes_flops(specs)
     return {"kernel": name, "torch": times["torch"], "triton": times["triton"], "bytes": byts, "flops": flops}
 
 
 def bench_decode_splits(length: int) -> list[dict]:
-    q, k, v, k_cache, v_cache, meta = paged_step([(length - 1, 1)])
+    q, k, v, k_cache, v_cache, meta, _ = paged_step([(length - 1, 1)])
     out = torch.empty_like(q)
     byts, flops = attention_bytes_flops([(length - 1, 1)])
     rows = []
@@ -105,17 +106,23 @@ def bench_decode_splits(length: int) -> list[dict]:
 
 # ---- small kernels -----------------------------------------------------------------------------------------------
 
-def bench_store(n: int) -> dict:
-    q, k, v, k_cache, v_cache, meta = paged_step([(0, n)])
+def bench_prologue(n: int) -> dict:
+    """q/k norm + rotary + K/V store at the Qwen3-VL-8B attention shape: the torch path against the fused kernel."""
+    q, k, v, p = prologue_inputs("qwen3_vl", n, BF16, seed=0)
+    k_cache = torch.randn(triton.cdiv(n, PAGE) + 1, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    slots = torch.arange(n, device=DEV)
     flat_k, flat_v = k_cache.view(-1, KV_HEADS, HEAD_DIM), v_cache.view(-1, KV_HEADS, HEAD_DIM)
 
     def reference():
-        flat_k.index_copy_(0, meta.slot_mapping, k)
-        flat_v.index_copy_(0, meta.slot_mapping, v)
+        q_rot, k_rot = p.apply(q, k)
+        flat_k.index_copy_(0, slots, k_rot)
+        flat_v.index_copy_(0, slots, v)
 
-    return {"kernel": f"kv store, N={n}", "torch": time_ms(reference),
-            "triton": time_ms(lambda: store_kv(k, v, k_cache, v_cache, meta.slot_mapping)),
-            "bytes": 2 * 2 * k.numel() * 2 + n * 8, "flops": 0}
+    return {"kernel": f"q/k norm + rotary + kv store, N={n}", "torch": time_ms(reference),
+            "triton": time_ms(lambda: qk_rope_store(q, k, v, p.cos, p.sin, p.q_norm, p.k_norm, p.eps, p.norm,
+                                                    k_cache, v_cache, slots)),
+            "bytes": 2 * (2 * q.numel() + 2 * k.numel() + 2 * v.numel()) + n * 8, "flops": 0}
 
 
 def bench_mrope(n: int, interleaved: bool) -> dict:
@@ -201,7 +208,8 @@ def cases():
     yield lambda: bench_backend("prefill store+attn, 1x4096 new", [(0, 4096)])
     yield lambda: bench_backend("prefill store+attn, 4x1024 chunk on 3072 cached", [(3072, 1024)] * 4)
     yield lambda: bench_backend("mixed store+attn, 1x2048 new + 64 decodes L=1024", [(0, 2048)] + [(1023, 1)] * 64)
-    yield lambda: bench_store(8192)
+    yield lambda: bench_prologue(8192)
+    yield lambda: bench_prologue(1)
     yield lambda: bench_mrope(8192, interleaved=True)
     yield lambda: bench_mrope(8192, interleaved=False)
     yield lambda: bench_vision_rotary(16384, 72)

@@ -11,15 +11,17 @@ import torch
 
 import triton
 
-from trtllm_qwenvl.kernels.kv_store import store_kv
 from trtllm_qwenvl.kernels.mrope import apply_mrope
 from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, paged_decode_attention
 from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
+from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
+from trtllm_qwenvl.kernels.skinny_gemm import MAX_ROWS, Config, skinny_gemm
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
-from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
+from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
+from trtllm_qwenvl.layers.linear import linear_op
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -116,30 +118,102 @@ def poisoned_like(x: torch.Tensor) -> torch.Tensor:
     return torch.full_like(x, float("nan"))
 
 
-# ---- KV store ----------------------------------------------------------------------------------------------------
+def identity_prologue(b: "PagedBatch") -> Prologue:
+    """No norm and a rotation by angle 0: the backends then store and attend over q, k, v exactly as given."""
+    n, _, d = b.q.shape
+    cos = torch.ones(n, d // 2, device=DEVICE, dtype=b.dtype)
+    return Prologue(cos, torch.zeros_like(cos), None, None, 0.0, "none")
+
+
+# ---- attention prologue: q/k norm + rotary + KV store -----------------------------------------------------------
+
+PROLOGUE_CASES = {
+    # (query heads, KV heads, head_dim, rotary half, norm, gated q): Qwen3-VL-8B, Qwen2.5-VL-7B (no norm, group of
+    # 7), Qwen3.5 (gated q, zero-centred norm, partial rotary 64 of 256), and an odd small shape
+    "qwen3_vl": (32, 8, 128, 64, "rms", False),
+    "qwen2_5_vl": (28, 4, 128, 64, "none", False),
+    "qwen3_5": (16, 4, 256, 32, "zero_centred", True),
+    "odd": (3, 1, 72, 20, "rms", False),
+}
+
+
+def prologue_inputs(case: str, n: int, dtype, seed: int):
+    heads, kv_heads, d, half, norm, gated = PROLOGUE_CASES[case]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q_rows = heads * d * (2 if gated else 1)
+    qkv = torch.randn(n, q_rows + 2 * kv_heads * d, device=DEVICE, generator=g).to(dtype)
+    q, k, v = qkv.split([q_rows, kv_heads * d, kv_heads * d], dim=-1)
+    q = q.view(n, heads, 2 * d)[..., :d] if gated else q.view(n, heads, d)  # strided views, as the layer passes
+    k, v = k.view(n, kv_heads, d), v.view(n, kv_heads, d)
+    angles = torch.rand(n, half, device=DEVICE, generator=g) * 6.3
+    weights = [torch.randn(d, device=DEVICE, generator=g).to(dtype) * 0.5 + (0 if norm == "zero_centred" else 1)
+               for _ in range(2)]
+    prologue = Prologue(angles.cos().to(dtype), angles.sin().to(dtype), *weights, 1e-6, norm)
+    if norm == "none":
+        prologue.q_norm = prologue.k_norm = None
+    return q, k, v, prologue
+
+
+def prologue64(x: torch.Tensor, weight, p: Prologue) -> torch.Tensor:
+    x = x.double()
+    if p.norm != "none":
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + p.eps)
+        x = x * (weight.double() + (1 if p.norm == "zero_centred" else 0))
+    half = p.cos.shape[1]
+    c, s = p.cos.double()[:, None], p.sin.double()[:, None]
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, rest), dim=-1)
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("page", [16, 32, 64])
-def test_store_kv_matches_index_copy(dtype, page):
-    b = PagedBatch([(0, 37), (5, 1), (70, 20), (0, 1)], 32, 8, 128, page, dtype, seed=page)
-    k_ref, v_ref = b.k_cache.clone(), b.v_cache.clone()
-    k_ref.view(-1, 8, 128).index_copy_(0, b.meta.slot_mapping, b.k)
-    v_ref.view(-1, 8, 128).index_copy_(0, b.meta.slot_mapping, b.v)
-    store_kv(b.k, b.v, b.k_cache, b.v_cache, b.meta.slot_mapping)
-    assert torch.equal(b.k_cache, k_ref) and torch.equal(b.v_cache, v_ref)
+@pytest.mark.parametrize("case", sorted(PROLOGUE_CASES))
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_qk_rope_store_matches_torch_prologue(dtype, case, n):
+    if INTERPRET and (n == 300 or case == "qwen3_vl"):
+        pytest.skip("interpreter: small cases")
+    q, k, v, p = prologue_inputs(case, n, dtype, seed=n)
+    page, kv_heads, d = 16, k.shape[1], k.shape[2]
+    num_blocks = triton.cdiv(n, page) + 2
+    slots = torch.randperm(num_blocks * page, device=DEVICE)[:n]
+    k_cache = torch.randn(num_blocks, page, kv_heads, d, device=DEVICE).to(dtype)
+    v_cache = torch.randn_like(k_cache)
+    ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
+    q_out = qk_rope_store(q, k, v, p.cos, p.sin, p.q_norm, p.k_norm, p.eps, p.norm, k_cache, v_cache, slots)
+    ref_q, ref_k = p.apply(q, k)  # the torch backend's own prologue
+    ref_k_cache.view(-1, kv_heads, d).index_copy_(0, slots, ref_k)
+    ref_v_cache.view(-1, kv_heads, d).index_copy_(0, slots, v)
+    stored_k = k_cache.view(-1, kv_heads, d)[slots]
+    exact_q, exact_k = prologue64(q, p.q_norm, p), prologue64(k, p.k_norm, p)
+    err_q, err_k = rel_err(q_out, ref_q), rel_err(stored_k, ref_k)
+    err64 = max(rel_err(q_out, exact_q), rel_err(stored_k, exact_k))
+    err64_torch = max(rel_err(ref_q, exact_q), rel_err(ref_k, exact_k))
+    print(f"qk prologue {case} n={n} {dtype}: vs torch q {err_q:.2e} k {err_k:.2e}; vs float64 {err64:.2e} "
+          f"(torch {err64_torch:.2e})")
+    assert q_out.is_contiguous()
+    assert err_q < (1e-6 if dtype == torch.float32 else 5e-3) and err_k < (1e-6 if dtype == torch.float32 else 5e-3)
+    assert err64 <= 1.5 * err64_torch + 1e-6
+    assert torch.equal(v_cache, ref_v_cache)
+    untouched = torch.ones(num_blocks * page, dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    assert torch.equal(k_cache.view(-1, kv_heads, d)[untouched], ref_k_cache.view(-1, kv_heads, d)[untouched])
 
 
-def test_store_kv_skips_negative_slots():
-    b = PagedBatch([(0, 8)], 4, 2, 64, 16, torch.float32, seed=1)
-    before = b.k_cache.clone()
-    slots = b.meta.slot_mapping.clone()
+def test_qk_rope_store_skips_negative_slots():
+    q, k, v, p = prologue_inputs("odd", 8, torch.float32, seed=1)
+    k_cache = torch.randn(4, 16, 1, 72, device=DEVICE)
+    v_cache = torch.randn_like(k_cache)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    slots = torch.arange(8, device=DEVICE) * 3
     slots[::2] = -1
-    store_kv(b.k, b.v, b.k_cache, b.v_cache, slots)
-    flat_before = before.view(-1, 2, 64)
-    flat_after = b.k_cache.view(-1, 2, 64)
-    kept = b.meta.slot_mapping[::2]
-    assert torch.equal(flat_after[kept], flat_before[kept])
-    assert torch.equal(flat_after[slots[1::2]], b.k[1::2])
+    q_out = qk_rope_store(q, k, v, p.cos, p.sin, p.q_norm, p.k_norm, p.eps, p.norm, k_cache, v_cache, slots)
+    assert rel_err(q_out, p.apply(q, k)[0]) < 1e-6  # padding rows still get their q (attention masks them)
+    written = slots[1::2]
+    flat_k, flat_v = k_cache.view(-1, 72), v_cache.view(-1, 72)
+    assert torch.equal(flat_v[written], v[1::2].reshape(-1, 72))
+    keep = torch.ones(64, dtype=torch.bool, device=DEVICE)
+    keep[written] = False
+    assert torch.equal(flat_k[keep], before_k.view(-1, 72)[keep])
+    assert torch.equal(flat_v[keep], before_v.view(-1, 72)[keep])
 
 
 # ---- prefill -----------------------------------------------------------------------------------------------------
@@ -171,8 +245,8 @@ def test_prefill_matches_reference(dtype, page, heads, case):
     ref = b.reference64(scale)
     err = rel_err(out, ref)
     torch_out = torch.empty_like(b.q)
-    TorchPagedAttention.forward(b.q, b.k, b.v, b.k_cache.clone(), b.v_cache.clone(), torch_out, scale,
-                                _planned(TorchPagedAttention, b.meta))
+    TorchPagedAttention.forward(b.q, b.k, b.v, identity_prologue(b), b.k_cache.clone(), b.v_cache.clone(),
+                                torch_out, scale, _planned(TorchPagedAttention, b.meta))
     torch_err = rel_err(torch_out, ref)
     print(f"prefill {case} {dtype} page={page} heads={heads}: triton {err:.2e} torch {torch_err:.2e}")
     assert err < tol(dtype)
@@ -196,7 +270,7 @@ def test_triton_backend_matches_torch_backend(dtype):
         kc, vc = b.k_cache.clone(), b.v_cache.clone()
         out = poisoned_like(b.q)
         meta = _planned(backend, AttentionMetadata(**{**vars(b.meta), "plan": {}}))
-        backend.forward(b.q, b.k, b.v, kc, vc, out, scale, meta)
+        backend.forward(b.q, b.k, b.v, identity_prologue(b), kc, vc, out, scale, meta)
         outs.append(out)
         caches.append((kc, vc))
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
@@ -278,9 +352,11 @@ def test_decode_cuda_graph_replays_with_new_inputs():
     out = torch.empty_like(static["q"])
     meta.plan = TritonPagedAttention.plan(meta)
     assert meta.plan["decode"]
+    identity = identity_prologue(first)
 
     def step():
-        TritonPagedAttention.forward(static["q"], static["k"], static["v"], k_cache, v_cache, out, scale, meta)
+        TritonPagedAttention.forward(static["q"], static["k"], static["v"], identity, k_cache, v_cache, out, scale,
+                                     meta)
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
@@ -307,8 +383,8 @@ def test_decode_cuda_graph_replays_with_new_inputs():
         expected = torch.empty_like(out)
         eager = AttentionMetadata(**{**vars(meta), "plan": {}})
         eager.plan = TorchPagedAttention.plan(eager)
-        TorchPagedAttention.forward(static["q"], static["k"], static["v"], k_cache.clone(), v_cache.clone(),
-                                    expected, scale, eager)
+        TorchPagedAttention.forward(static["q"], static["k"], static["v"], identity, k_cache.clone(),
+                                    v_cache.clone(), expected, scale, eager)
         err = rel_err(out, expected)
         print(f"graph replay seed={seed}: {err:.2e} vs the torch backend")
         assert err < BF16_TOL
@@ -414,3 +490,49 @@ def test_vit_attention_matches_reference(dtype, head_dim):
     if dtype == torch.bfloat16:
         assert fused_path(q) is not None, "torch.nn.attention.varlen should be present on the GPU box"
     assert err < tol(dtype)
+
+
+# ---- skinny GEMM (decode-sized linear layers) ----------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, MAX_ROWS])
+@pytest.mark.parametrize("n, k, bias", [(4096, 4096, False), (6144, 4096, True), (1000, 4104, True), (37, 72, False),
+                                        (151936, 256, False)])
+def test_skinny_gemm_matches_linear(dtype, m, n, k, bias):
+    g = torch.Generator(device=DEVICE).manual_seed(n + k + m)
+    x = torch.randn(m, k, device=DEVICE, generator=g).to(dtype)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, device=DEVICE, generator=g).to(dtype) if bias else None
+    exact = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    ref = torch.nn.functional.linear(x, w, b)
+    out = skinny_gemm(x, w, b)
+    err, err_ref = rel_err(out, exact), rel_err(ref, exact)
+    print(f"skinny gemm {m}x{k} @ {n}x{k} {dtype}: {err:.2e} (cuBLAS {err_ref:.2e})")
+    assert err < 2 * err_ref + 1e-4
+
+
+@gpu_only
+@pytest.mark.parametrize("config", [Config(16, 128, 4, 3), Config(32, 512, 8, 4), Config(64, 256, 4, 5)])
+def test_skinny_gemm_configs_and_strided_rows(config):
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    x = torch.randn(5, 2 * 1536, device=DEVICE, generator=g).to(torch.bfloat16)[:, :1536]  # row stride 2K
+    w = torch.randn(2000, 1536, device=DEVICE, generator=g).to(torch.bfloat16)
+    exact = x.double() @ w.double().T
+    assert rel_err(skinny_gemm(x, w, config=config), exact) < 5e-3
+
+
+@gpu_only
+def test_linear_op_routes_by_rows_inside_a_cuda_graph():
+    """The op the compiled body calls: graph replays with new inputs match cuBLAS for skinny and large batches."""
+    w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16)
+    for rows in (2, 64):
+        x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
+        linear_op(x, w, None)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = linear_op(x, w, None)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert rel_err(y, x.double() @ w.double().T) < 5e-3

@@ -2,24 +2,28 @@
 import torch
 from torch import nn
 
-from .attention_backends import active_backend
+from .attention_backends import Prologue, active_backend
 from .forward_context import get_context
+from .linear import Linear
 from .norm import RMSNorm
-from .rotary import apply_rotary
 
 
 @torch.library.custom_op("trtllm_qwenvl::paged_attention", mutates_args=("k_cache", "v_cache", "out"))
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, norm_eps: float, norm: str,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+    """q, k, v straight from the qkv projection: the backend applies the q/k norm (`norm`: "none", "rms",
+    "zero_centred") and the rotary, stores K/V, and attends into `out`."""
     meta = get_context().attn
     backend = active_backend()
     if not meta.plan:
         meta.plan = backend.plan(meta)
-    backend.forward(q, k, v, k_cache, v_cache, out, scale, meta)
+    prologue = Prologue(cos, sin, q_norm, k_norm, norm_eps, norm)
+    backend.forward(q, k, v, prologue, k_cache, v_cache, out, scale, meta)
 
 
 @paged_attention.register_fake
-def _(q, k, v, k_cache, v_cache, out, scale) -> None:
+def _(q, k, v, cos, sin, q_norm, k_norm, norm_eps, norm, k_cache, v_cache, out, scale) -> None:
     return None
 
 
@@ -36,8 +40,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.gated = gated
         q_rows, kv_rows = num_heads * head_dim * (2 if gated else 1), num_kv_heads * head_dim
-        self.qkv_proj = nn.Linear(hidden_size, q_rows + 2 * kv_rows, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.qkv_proj = Linear(hidden_size, q_rows + 2 * kv_rows, bias=qkv_bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=False)
         self.q_norm = norm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = norm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.scale = head_dim ** -0.5
@@ -55,14 +59,16 @@ class Attention(nn.Module):
         gate = None
         if self.gated:
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
+        q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
-        out = torch.empty_like(q)
-        paged_attention(q, k, v, self.k_cache, self.v_cache, out, self.scale)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = q.new_empty(n, self.num_heads, self.head_dim)
+        qn, kn = self.q_norm, self.k_norm
+        if qn is None:
+            norm = (None, None, 0.0, "none")
+        else:
+            norm = (qn.weight, kn.weight, qn.eps, qn.mode)
+        paged_attention(q, k, v, *cos_sin, *norm, self.k_cache, self.v_cache, out, self.scale)
         out = out.view(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))

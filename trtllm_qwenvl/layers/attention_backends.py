@@ -1,12 +1,40 @@
-"""Paged attention backends behind one interface: store the step's K/V into the cache, attend over the pages.
+"""Paged attention backends behind one interface: normalise and rotate q/k, store the step's K/V into the cache,
+attend over the pages.
 
-`torch` is the reference (SDPA over gathered pages) and runs everywhere. `triton` is the GPU path
-(trtllm_qwenvl.kernels): a store kernel, then the split-K decode kernel or the paged prefill kernel.
+`torch` is the reference (the norm and rotary functions the rest of the model uses, SDPA over gathered pages) and
+runs everywhere. `triton` is the GPU path (trtllm_qwenvl.kernels): one prologue kernel (q/k norm, rotary, K/V
+store), then the split-K decode kernel or the paged prefill kernel.
 """
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from .forward_context import AttentionMetadata
+from .norm import rms_norm, zero_centred_rms_norm
+from .rotary import apply_rotary
+
+
+@dataclass
+class Prologue:
+    """What happens to q and k before attention: the per-head norm (`norm`: "none", "rms", "zero_centred") and
+    the rotary by the step's cos/sin (N, rotary_dim/2)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
+    norm: str
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch reference: (N, heads, D) in, new tensors out."""
+        if self.norm != "none":
+            q, k = self.normalize(q, self.q_norm), self.normalize(k, self.k_norm)
+        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+
+    def normalize(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        fn = rms_norm if self.norm == "rms" else zero_centred_rms_norm
+        return fn(x.reshape(-1, x.shape[-1]), weight, self.eps).view(x.shape)
 
 
 class TorchPagedAttention:
@@ -36,7 +64,8 @@ class TorchPagedAttention:
         return {"q_index": q_index, "k_slots": k_slots, "mask": mask.unsqueeze(1)}
 
     @staticmethod
-    def forward(q, k, v, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
+    def forward(q, k, v, prologue: Prologue, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
+        q, k = prologue.apply(q, k)
         plan = meta.plan
         flat_k = k_cache.view(-1, *k_cache.shape[-2:])
         flat_v = v_cache.view(-1, *v_cache.shape[-2:])
@@ -72,12 +101,14 @@ class TritonPagedAttention:
         return {"decode": decode}
 
     @staticmethod
-    def forward(q, k, v, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
+    def forward(q, k, v, prologue: Prologue, k_cache, v_cache, out, scale: float, meta: AttentionMetadata) -> None:
         # Imported on first use: triton is GPU-only and CPU machines may lack it.
-        from ..kernels.kv_store import store_kv
         from ..kernels.paged_decode import paged_decode_attention
         from ..kernels.paged_prefill import paged_prefill_attention
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        from ..kernels.qk_rope_store import qk_rope_store
+        p = prologue
+        q = qk_rope_store(q, k, v, p.cos, p.sin, p.q_norm, p.k_norm, p.eps, p.norm, k_cache, v_cache,
+                          meta.slot_mapping)
         if meta.plan["decode"]:
             paged_decode_attention(q, k_cache, v_cache, out, scale, meta.seq_lens_k, meta.block_tables)
         else:

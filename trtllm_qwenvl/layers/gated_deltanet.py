@@ -11,6 +11,7 @@ from torch import nn
 
 from . import gated_delta_rule
 from .forward_context import StateMetadata, get_context
+from .linear import Linear
 from .norm import GatedRMSNorm
 
 
@@ -36,7 +37,7 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * key_dim + value_dim
         self.conv_kernel = conv_kernel
         self.splits = [self.conv_dim, value_dim, num_v_heads, num_v_heads]  # qkv, z, b, a
-        self.in_proj = nn.Linear(hidden_size, sum(self.splits), bias=False)
+        self.in_proj = Linear(hidden_size, sum(self.splits), bias=False)
         starts = [sum(self.splits[:i]) for i in range(4)]
         for p in self.in_proj.parameters():
             p.shards = {name: (start, size) for name, start, size in zip(("qkv", "z", "b", "a"), starts, self.splits)}
@@ -44,7 +45,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(num_v_heads))
         self.norm = GatedRMSNorm(v_head_dim, eps)
-        self.out_proj = nn.Linear(value_dim, hidden_size, bias=False)
+        self.out_proj = Linear(value_dim, hidden_size, bias=False)
         self.chunk_rule, self.recurrent_rule = delta_rule_kernels(self.A_log.device, self.A_log.dtype)
         # Bound to views of the engine's state pool by the model runner: (slots, C, K-1) and (slots, H, Dk, Dv).
         self.conv_state = torch.empty(0)

@@ -3,6 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import fused_on_cuda
+from .linear import Linear
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -23,8 +24,8 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACTIVATIONS[act]
         for p in self.gate_up_proj.parameters():
             p.shards = {"gate": (0, intermediate_size), "up": (intermediate_size, intermediate_size)}

@@ -39,6 +39,7 @@ class RMSNorm(nn.Module):
     """RMSNorm computed in fp32; with `residual` it first adds it, fusing the residual add into the norm."""
 
     kernels = (rms_norm, add_rms_norm)
+    mode = "rms"  # how the fused attention prologue applies it as a q/k norm
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -58,6 +59,7 @@ class ZeroCenteredRMSNorm(RMSNorm):
     """Qwen3.5's RMSNorm: the weight is stored as an offset from 1, and scales the fp32 normalised value."""
 
     kernels = (zero_centred_rms_norm, add_zero_centred_rms_norm)
+    mode = "zero_centred"
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)

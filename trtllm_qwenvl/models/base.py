@@ -6,6 +6,7 @@ from torch import nn
 
 from ..layers.attention import Attention
 from ..layers.decoder import DecoderLayer, TextModel
+from ..layers.linear import Linear
 from ..layers.mlp import GatedMLP
 from ..layers.rotary import MRotaryEmbedding
 from .weights import LM_RULES, Rule, load_weights, randomize_weights
@@ -29,7 +30,7 @@ class VLForCausalLM(nn.Module):
         self.hf_config = hf_config
         self.visual = visual
         self.language_model = language_model
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         # The HF config class already folds legacy text_config ties into the top-level flag.
         self.tie_word_embeddings = bool(hf_config.tie_word_embeddings)
         if self.tie_word_embeddings:

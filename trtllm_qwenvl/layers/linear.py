@@ -1,0 +1,38 @@
+"""The LM's linear layer: decode-sized inputs on CUDA go to the skinny GEMM kernel, everything else to cuBLAS.
+
+The choice depends on the row count, which is symbolic inside the compiled LM body; a Python branch there would
+make dynamo guard on it and compile the body twice. So the compiled body calls one opaque custom op that chooses
+at run time (each CUDA graph records the choice for its size), while eager code chooses directly and skips the
+op's dispatch cost.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def use_skinny(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dim() == 2 and x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if use_skinny(x) and x.stride(1) == 1:
+        from ..kernels.skinny_gemm import skinny_gemm  # Triton: imported only where a GPU runs it
+        return skinny_gemm(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+@torch.library.custom_op("trtllm_qwenvl::linear", mutates_args=())
+def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return linear(x, weight, bias)
+
+
+@linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return linear_op(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
