@@ -70,9 +70,6 @@ class EncoderRunner:
     @torch.inference_mode()
     def encode(self, items: list[MMItem]) -> None:
         with nvtx_range("vision_encode"), self.timer.time():
-            for item in items:
-                if item.pixel_values.is_cuda:  # made on the processor's stream: keep it until this stream is done
-                    item.pixel_values.record_stream(torch.cuda.current_stream(self.device))
             pixels = torch.cat([item.pixel_values for item in items])
             pixels = async_tensor_h2d(pixels, pixels.dtype, self.device)
             grids = [item.grid_thw for item in items]

@@ -1,8 +1,8 @@
 """Prompt -> token ids, media items and mRoPE positions.
 
-Text-only prompts take the tokenizer alone; prompts with media run the checkpoint's own HF processor, on the
-engine's device: on GPU its resize, normalize and patchify are a few kernels on a side stream, where on the host
-they cost milliseconds per image and the pixels then need a pinned copy.
+Text-only prompts take the tokenizer alone; prompts with media run the checkpoint's own HF processor on the host.
+(On the GPU it saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then sat in
+device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
 """
 from dataclasses import dataclass
 
@@ -38,14 +38,11 @@ def as_list(x) -> list:
 
 
 class InputProcessor:
-    def __init__(self, model_dir: str, hf_config, tokenizer=None, device: torch.device = torch.device("cpu")):
+    def __init__(self, model_dir: str, hf_config, tokenizer=None):
         from transformers import AutoTokenizer
         self.model_dir = model_dir
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
         self.spec = MRopeSpec.from_hf_config(hf_config)
-        self.device = device
-        # One stream for every preprocessing thread: its work never queues behind (or delays) the engine's step.
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._processor = None
 
     @property
@@ -95,8 +92,8 @@ class InputProcessor:
 
     def process(self, text: str, images: list, videos: list[Video]):
         """The HF processor's output: token ids as lists (HF's tensor conversion walks them in Python, about 3 ms
-        per 1k tokens), pixels as tensors on the engine's device."""
-        kwargs = {"device": str(self.device)}
+        per 1k tokens), pixels as CPU tensors."""
+        kwargs = {}
         if images:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"return_tensors": "pt"}
@@ -106,12 +103,7 @@ class InputProcessor:
                                          "frames_indices": list(range(len(v.frames)))} for v in videos]
             kwargs["videos_kwargs"] = {"return_tensors": "pt", "do_sample_frames": False}
         try:
-            if self.stream is None:
-                return self.processor(text=[text], **kwargs)
-            with torch.cuda.stream(self.stream):
-                out = self.processor(text=[text], **kwargs)
-            self.stream.synchronize()  # blocks this preprocessing thread only; the pixels are final when it returns
-            return out
+            return self.processor(text=[text], **kwargs)
         except (ValueError, TypeError, OSError) as e:
             raise ValueError(f"could not process the media: {e}") from e
 

@@ -6,11 +6,8 @@ import torch
 def async_tensor_h2d(data, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Copy host data (list, ndarray or CPU tensor) to `device` without blocking the host.
 
-    On CPU the tensor is returned as is: there is nothing to overlap. A tensor already on the GPU (pixels the
-    processor made there) only takes the dtype.
+    On CPU the tensor is returned as is: there is nothing to overlap.
     """
-    if isinstance(data, torch.Tensor) and data.is_cuda:
-        return data.to(dtype)
     if isinstance(data, np.ndarray):
         cpu = torch.from_numpy(data).to(dtype)
     else:

@@ -1,0 +1,73 @@
+"""Host time of preprocessing one image prompt (the part of TTFT before the engine sees the request): the whole
+`InputProcessor` call against its parts, the image processor on the host (as the engine runs it) and on the GPU,
+then cProfile's top functions.
+
+    python perf/profile_preprocess.py --model qwen3_vl_8b
+"""
+import argparse
+import cProfile
+import io
+import pathlib
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import transformers
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_engine import Prompts, Workload  # noqa: E402
+from model_shapes import SHAPES, make_shape_dir  # noqa: E402
+from trtllm_qwenvl.inputs.processor import InputProcessor  # noqa: E402
+
+
+def median_ms(fn, prompts: Prompts, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        prompt = prompts.image()  # a fresh image each call: nothing is cached between calls
+        t = time.perf_counter()
+        fn(prompt)
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3_vl_8b", choices=sorted(SHAPES))
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rows", type=int, default=20)
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_shape_dir(args.model, pathlib.Path(tmp) / args.model)
+        prompts = Prompts(model_dir, Workload())
+        ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))
+        hf = ours.processor
+        parts = {
+            "InputProcessor (all of it)": ours,
+            "HF processor (tokens + pixels)": lambda q: ours.process(q["prompt"], q["multi_modal_data"]["image"], []),
+            "HF image processor alone, on the device": lambda q: hf.image_processor(
+                q["multi_modal_data"]["image"], device=str(device), return_tensors="pt"),
+            "HF image processor alone, on the host": lambda q: hf.image_processor(
+                q["multi_modal_data"]["image"], return_tensors="pt"),
+            "tokenizer alone (prompt before expansion)": lambda q: ours.tokenizer(q["prompt"]),
+        }
+        rows = []
+        for name, fn in parts.items():
+            median_ms(fn, prompts, 3)
+            rows.append((name, median_ms(fn, prompts, args.iters)))
+        profiler = cProfile.Profile()
+        prompt = prompts.image()
+        profiler.runcall(ours, prompt)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.rows)
+    print(text.getvalue())
+    print(f"| part ({device}) | ms |\n|---|---|")
+    for name, ms in rows:
+        print(f"| {name} | {ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
