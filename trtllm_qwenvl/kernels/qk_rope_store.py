@@ -5,7 +5,7 @@ q or k; at a decode step each costs more in launch and ramp-up than in bytes. On
 token's q and k heads once, normalises and rotates them in fp32, writes q to a fresh contiguous buffer for the
 attention kernels, and stores k and v at the token's slot (a negative slot, a graph's padding row, stores nothing).
 
-Rounding follows the torch path the CPU runs (`layers.attention.Prologue.apply`): the standard norm rounds the
+Rounding follows the torch path the CPU runs (`layers.attention_backends.Prologue.apply`): the standard norm rounds the
 normalised value to the activation dtype before the weight, the zero-centred one (Qwen3.5) does not; the rotation
 rounds once. Dims past 2 * HALF (partial rotary) are only normalised.
 """
@@ -19,8 +19,8 @@ NORM_MODES = {"none": 0, "rms": 1, "zero_centred": 2}  # the q/k norm classes' `
 @triton.jit
 def norm_rope_heads(x_ptr, stride_h, num_heads, w_ptr, c, s, eps, D: tl.constexpr, HALF: tl.constexpr,
                     NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
-    """One token's heads -> (rotated first half, rotated second half, untouched rest), fp32, in the output dtype's
-    rounding. The rest covers dims [2 * HALF, D)."""
+    """One token's heads -> (rotated first half, rotated second half, the rest: normalised, not rotated), fp32, in
+    the output dtype's rounding. The rest covers dims [2 * HALF, D)."""
     h = tl.arange(0, BLOCK_H)[:, None]
     f = tl.arange(0, BLOCK_F)[None, :]
     r = tl.arange(0, BLOCK_R)[None, :]
@@ -91,7 +91,8 @@ def qk_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, norm: str,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """q (N, H, D), k and v (N, Hkv, D), any token/head strides (views of the fused qkv output); cos, sin (N, half);
-    norm one of NORM_MODES with its weights (D,); caches (num_blocks, page, Hkv, D). Returns the normalised, rotated q, contiguous."""
+    norm one of NORM_MODES with its weights (D,); caches (num_blocks, page, Hkv, D). Returns the normalised,
+    rotated q, contiguous."""
     n, num_q_heads, head_dim = q.shape
     num_kv_heads, half = k.shape[1], cos.shape[1]
     q_out = torch.empty(n, num_q_heads, head_dim, device=q.device, dtype=q.dtype)

@@ -3,8 +3,9 @@
 With 1-16 rows the product is a matrix-vector stream: time is W's bytes over the memory bandwidth. Each program
 owns BLOCK_N output features over the whole K (no split-K, so no reduction kernel), and W is the MMA's row operand
 (swap-AB): the rows of x pad to 16 inside the tile, never in memory. At the Qwen3-VL-8B decoder shapes on an H100
-this streams 4-8% faster than cuBLAS's choices (which split K with a separate reduce for some of them), and
-the LM head 8% faster (perf/results/skinny_gemm_*).
+the first version of it measured at most 0.3% slower and up to 8% faster per shape than cuBLAS's choices at 1-8
+rows (cuBLAS splits K with a separate reduce for some of them); at 16 rows it lost 9% on gate_up
+(perf/results/skinny_gemm_*).
 
 The torch reference is `torch.nn.functional.linear`.
 """
@@ -54,9 +55,9 @@ def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
-# Measured on an H100 over the decoder shapes of Qwen3-VL-8B and Qwen2.5-VL-7B at 1-16 rows
-# (perf/bench_skinny_gemm.py --sweep): this config was the best or within 3% of it on every shape but one. Fewer,
-# wider programs beat more, narrower ones: with 4 stages of 64 x 256 tiles in flight an SM streams at full rate.
+# The most frequent best of a 54-config sweep on an H100 over the decoder shapes of Qwen3-VL-8B and Qwen2.5-VL-7B at
+# 1-16 rows (perf/bench_skinny_gemm.py --sweep: best on 19 of 36 rows). Fewer, wider programs beat more, narrower
+# ones: the first version, which shrank the feature block until every SM had two programs, was slower.
 DEFAULT = Config(block_n=64, block_k=256, num_warps=4, num_stages=4)
 
 

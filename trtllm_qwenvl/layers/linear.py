@@ -10,12 +10,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+SKINNY_MAX_ROWS = 16  # kernels.skinny_gemm.MAX_ROWS, not imported here: Triton is GPU-only
+
+
 def use_skinny(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dim() == 2 and x.shape[0] <= 16 and x.dtype in (torch.bfloat16, torch.float16)
+    return (x.is_cuda and x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS and x.stride(1) == 1
+            and x.dtype in (torch.bfloat16, torch.float16))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if use_skinny(x) and x.stride(1) == 1:
+    if use_skinny(x):
         from ..kernels.skinny_gemm import skinny_gemm  # Triton: imported only where a GPU runs it
         return skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
