@@ -136,7 +136,9 @@ def percentile(xs, q: float) -> float:
 
 
 class KernelTimer:
-    """Total GPU kernel time (memcpy/memset included) inside the block, from the profiler's device events."""
+    """GPU busy time inside the block: the union of the profiler's device event intervals (kernels, memcpy,
+    memset). A union rather than a sum: kernels launched with programmatic dependent launch start while their
+    predecessor finishes and wait on it, so their intervals overlap."""
 
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
@@ -148,7 +150,17 @@ class KernelTimer:
         torch.cuda.synchronize()
         self.prof.__exit__(*exc)
         device_events = [e for e in self.prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        self.seconds = sum(e.time_range.elapsed_us() for e in device_events) / 1e6
+        self.seconds = busy_us(sorted((e.time_range.start, e.time_range.end) for e in device_events)) / 1e6
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of sorted (start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in intervals:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 # ---- prompts --------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
-from trtllm_qwenvl.layers.linear import linear_op
+from trtllm_qwenvl.layers.linear import linear_op, linear_silu_mul_op
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -520,6 +520,45 @@ def test_skinny_gemm_configs_and_strided_rows(config):
     w = torch.randn(2000, 1536, device=DEVICE, generator=g).to(torch.bfloat16)
     exact = x.double() @ w.double().T
     assert rel_err(skinny_gemm(x, w, config=config), exact) < 5e-3
+
+
+def silu_mul_exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    gate, up = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()).chunk(2, -1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("m", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("n, k, bias", [(512, 512, False), (74, 200, True)])  # 37 features, a partial K block
+def test_skinny_gemm_silu_mul_matches_linear_then_activation(m, n, k, bias):
+    """The MLP's gate_up projection with silu(gate) * up in the epilogue, against float64 and the torch path."""
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    g = torch.Generator(device=DEVICE).manual_seed(m + n + k)
+    x = torch.randn(m, k + 8, device=DEVICE, generator=g).to(dtype)[:, :k]  # strided rows
+    w = (torch.randn(n, k, device=DEVICE, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, device=DEVICE, generator=g).to(dtype) if bias else None
+    gate, up = torch.nn.functional.linear(x, w, b).chunk(2, -1)
+    ref = torch.nn.functional.silu(gate) * up
+    out = skinny_gemm(x, w, b, config=Config(32, 64, 4, 2) if INTERPRET else None, silu_mul=True)
+    err, err_ref = rel_err(out, silu_mul_exact(x, w, b)), rel_err(ref, silu_mul_exact(x, w, b))
+    print(f"skinny gemm + silu_mul {m}x{k} @ {n}x{k} {dtype}: {err:.2e} (torch {err_ref:.2e})")
+    assert err < 2 * err_ref + 1e-4
+
+
+@gpu_only
+def test_linear_silu_mul_op_routes_by_rows_inside_a_cuda_graph():
+    """The compiled body's MLP op: graph replays with new inputs match cuBLAS then silu(gate) * up, at a skinny and
+    a large batch."""
+    w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16) / 16
+    for rows in (3, 64):
+        x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
+        linear_silu_mul_op(x, w, None)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = linear_silu_mul_op(x, w, None)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert rel_err(y, silu_mul_exact(x, w, None)) < 5e-3
 
 
 @gpu_only

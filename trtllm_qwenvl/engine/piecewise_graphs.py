@@ -131,6 +131,7 @@ class PiecewiseGraphs:
 
     def __init__(self, model, config: TorchCompileConfig, max_num_tokens: int, device: torch.device):
         self.sizes = capture_sizes(config, max_num_tokens)
+        self.device = device
         self.graphs_on = device.type == "cuda"
         self.size: int | None = None
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
@@ -158,8 +159,12 @@ class PiecewiseGraphs:
         """Inductor on CUDA fuses each piece's elementwise chains; elsewhere the piece runs as traced."""
         if not self.graphs_on:
             return submod
+        from torch._inductor import config
         from torch._inductor.compile_fx import compile_fx
-        return compile_fx(submod, list(example_args))
+
+        from ..kernels.pdl import inductor_options
+        with config.patch(inductor_options(self.device)):
+            return compile_fx(submod, list(example_args))
 
     def size_for(self, num_tokens: int) -> int | None:
         """The capture size a step of `num_tokens` pads to, or None when it is larger than every size. Off CUDA

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .paged_kv import LOG2E, attend_tile, dot_precision
+from .pdl import enter, pdl_enabled
 
 MAX_SPLITS = 32  # a power of two: the merge loads all slots, masked
 
@@ -24,7 +25,9 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, 
                         stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head,
                         stride_table, stride_po_b, stride_po_h, stride_po_s, stride_pl_b, stride_pl_h, scale_log2,
                         num_splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+                        PDL: tl.constexpr):
+    enter(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_len = tl.load(seq_lens_ptr + seq)
     per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
@@ -62,7 +65,8 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, 
 @triton.jit
 def decode_merge_kernel(out_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_po_b, stride_po_h,
                         stride_po_s, stride_pl_b, stride_pl_h, num_splits,
-                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     seq, head = tl.program_id(0), tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     lse = tl.load(part_lse_ptr + seq * stride_pl_b + head * stride_pl_h + s, mask=s < num_splits,
@@ -120,6 +124,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     splits = splits or num_splits(batch, kv_heads, q.device)
     WORKSPACE.reserve(batch, num_heads, head_dim, q.device)
     part_o, part_lse = WORKSPACE.part_o, WORKSPACE.part_lse
+    pdl = pdl_enabled(q.device)
     decode_split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, out, part_o, part_lse, seq_lens_k, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -127,9 +132,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, DIRECT=splits == 1, PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=3)
+        PDL=pdl, num_warps=4, num_stages=3, launch_pdl=pdl)
     if splits > 1:
         decode_merge_kernel[(batch, num_heads)](
             out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
             part_o.stride(2), part_lse.stride(0), part_lse.stride(1), splits,
-            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, num_warps=4)
+            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, PDL=pdl, num_warps=4, launch_pdl=pdl)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import enter, pdl_enabled
+
 MAX_ROWS = 16  # one MMA column tile of x; larger batches go to cuBLAS, which tiles them well
 
 
@@ -28,31 +30,46 @@ class Config:
 
 @triton.jit
 def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                       HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """y = x @ W^T (+ b), or with SILU_MUL (W = [gate; up], N = 2 * out features) y = silu(x @ gate^T) * (x @ up^T):
+    each program then streams BLOCK_N // 2 gate rows and the matching up rows, so both halves of an output feature
+    meet in its registers."""
+    enter(PDL)
+    ROWS: tl.constexpr = BLOCK_N // 2 if SILU_MUL else BLOCK_N
+    n_out = N // 2 if SILU_MUL else N
+    n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     m = tl.arange(0, BLOCK_M)
     k = tl.arange(0, BLOCK_K)
-    n_ok = n < N
+    n_ok = n < n_out
     m_ok = m < M
     w_ptrs = w_ptr + n.to(tl.int64)[:, None] * stride_wn + k[None, :]
+    up_offset = n_out * stride_wn  # int32: gate_up weights stay far below 2**31 elements per half
     x_ptrs = x_ptr + m[None, :] * stride_xm + k[:, None]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
-        else:
-            k_ok = k0 + k < K
-            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = tl.dot(w, x, acc)
+        w_mask = n_ok[:, None]
+        x_mask = m_ok[None, :]
+        if not EVEN_K:
+            w_mask = w_mask & (k0 + k < K)[None, :]
+            x_mask = x_mask & (k0 + k < K)[:, None]
+        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        acc = tl.dot(tl.load(w_ptrs, mask=w_mask, other=0.0), x, acc)
+        if SILU_MUL:
+            acc_up = tl.dot(tl.load(w_ptrs + up_offset, mask=w_mask, other=0.0), x, acc_up)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        if SILU_MUL:
+            acc_up += tl.load(b_ptr + n_out + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    dtype = y_ptr.dtype.element_ty
+    if SILU_MUL:  # rounded as the torch path rounds: the projection to dtype, then the activation once
+        gate = acc.to(dtype).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(dtype).to(tl.float32)
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+    tl.store(y_ptrs, acc.to(dtype), mask=n_ok[:, None] & m_ok[None, :])
 
 
 # The most frequent best of a 54-config sweep on an H100 over the decoder shapes of Qwen3-VL-8B and Qwen2.5-VL-7B at
@@ -62,17 +79,21 @@ DEFAULT = Config(block_n=64, block_k=256, num_warps=4, num_stages=4)
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: Config | None = None) -> torch.Tensor:
-    """x (M <= 16, K) with unit stride along K; weight (N, K) contiguous rows; bias (N,) or None -> (M, N)."""
+                config: Config | None = None, silu_mul: bool = False) -> torch.Tensor:
+    """x (M <= 16, K) with unit stride along K; weight (N, K) contiguous rows; bias (N,) or None -> (M, N).
+    silu_mul: weight is a gate_up projection [gate; up] and the result silu(gate) * up, (M, N // 2): the MLP's
+    activation in the GEMM's epilogue, one launch per layer fewer."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1 and not (silu_mul and n % 2)
+    y = torch.empty(m, n // 2 if silu_mul else n, device=x.device, dtype=x.dtype)
     if m == 0:
         return y
     cfg = config or DEFAULT
-    skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+    pdl = pdl_enabled(x.device)
+    skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, PDL=pdl, BLOCK_M=MAX_ROWS,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch_pdl=pdl)
     return y

@@ -1,4 +1,6 @@
 """The LM's linear layer: decode-sized inputs on CUDA go to the skinny GEMM kernel, everything else to cuBLAS.
+`Linear.silu_mul` is the MLP's gate_up projection with its silu(gate) * up folded in: at decode sizes the skinny
+kernel applies the activation in its epilogue, one launch per layer fewer.
 
 The choice depends on the row count, which is symbolic inside the compiled LM body; a Python branch there would
 make dynamo guard on it and compile the body twice. So the compiled body calls one opaque custom op that chooses
@@ -8,6 +10,8 @@ op's dispatch cost.
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .fused import silu_and_mul
 
 
 SKINNY_MAX_ROWS = 16  # kernels.skinny_gemm.MAX_ROWS, not imported here: Triton is GPU-only
@@ -25,6 +29,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return F.linear(x, weight, bias)
 
 
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if use_skinny(x):
+        from ..kernels.skinny_gemm import skinny_gemm
+        return skinny_gemm(x, weight, bias, silu_mul=True)
+    return silu_and_mul(F.linear(x, weight, bias))
+
+
 @torch.library.custom_op("trtllm_qwenvl::linear", mutates_args=())
 def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return linear(x, weight, bias)
@@ -35,8 +46,24 @@ def _(x, weight, bias):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+@torch.library.custom_op("trtllm_qwenvl::linear_silu_mul", mutates_args=())
+def linear_silu_mul_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return linear_silu_mul(x, weight, bias)
+
+
+@linear_silu_mul_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2)
+
+
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return linear_op(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this layer's output [gate, up] (a gate_up projection)."""
+        if torch.compiler.is_compiling():
+            return linear_silu_mul_op(x, self.weight, self.bias)
+        return linear_silu_mul(x, self.weight, self.bias)

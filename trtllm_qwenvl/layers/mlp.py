@@ -2,7 +2,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused import fused_on_cuda
 from .linear import Linear
 
 ACTIVATIONS = {
@@ -11,12 +10,6 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "quick_gelu": lambda x: x * (1.702 * x).sigmoid(),
 }
-
-
-@fused_on_cuda
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 class GatedMLP(nn.Module):
@@ -31,9 +24,9 @@ class GatedMLP(nn.Module):
             p.shards = {"gate": (0, intermediate_size), "up": (intermediate_size, intermediate_size)}
 
     def forward(self, x):
-        gate_up = self.gate_up_proj(x)
         if self.act is F.silu:
-            return self.down_proj(silu_and_mul(gate_up))
+            return self.down_proj(self.gate_up_proj.silu_mul(x))
+        gate_up = self.gate_up_proj(x)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
