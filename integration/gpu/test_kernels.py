@@ -545,33 +545,19 @@ def test_skinny_gemm_silu_mul_matches_linear_then_activation(m, n, k, bias):
 
 
 @gpu_only
-def test_linear_silu_mul_op_routes_by_rows_inside_a_cuda_graph():
-    """The compiled body's MLP op: graph replays with new inputs match cuBLAS then silu(gate) * up, at a skinny and
-    a large batch."""
+@pytest.mark.parametrize("op, exact", [(linear_op, lambda x, w: x.double() @ w.double().T),
+                                       (linear_silu_mul_op, lambda x, w: silu_mul_exact(x, w, None))],
+                         ids=["linear", "linear_silu_mul"])
+def test_linear_ops_route_by_rows_inside_a_cuda_graph(op, exact):
+    """The ops the compiled body calls: graph replays with new inputs match float64 for skinny and large batches."""
     w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16) / 16
     for rows in (3, 64):
         x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
-        linear_silu_mul_op(x, w, None)
+        op(x, w, None)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = linear_silu_mul_op(x, w, None)
+            y = op(x, w, None)
         for _ in range(2):
             x.copy_(torch.randn_like(x))
             graph.replay()
-            assert rel_err(y, silu_mul_exact(x, w, None)) < 5e-3
-
-
-@gpu_only
-def test_linear_op_routes_by_rows_inside_a_cuda_graph():
-    """The op the compiled body calls: graph replays with new inputs match cuBLAS for skinny and large batches."""
-    w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16)
-    for rows in (2, 64):
-        x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
-        linear_op(x, w, None)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = linear_op(x, w, None)
-        for _ in range(2):
-            x.copy_(torch.randn_like(x))
-            graph.replay()
-            assert rel_err(y, x.double() @ w.double().T) < 5e-3
+            assert rel_err(y, exact(x, w)) < 5e-3
