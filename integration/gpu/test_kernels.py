@@ -21,7 +21,7 @@ from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
-from trtllm_qwenvl.layers.linear import linear_op, linear_silu_mul_op
+from trtllm_qwenvl.layers.linear import linear_op
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -545,18 +545,18 @@ def test_skinny_gemm_silu_mul_matches_linear_then_activation(m, n, k, bias):
 
 
 @gpu_only
-@pytest.mark.parametrize("op, exact", [(linear_op, lambda x, w: x.double() @ w.double().T),
-                                       (linear_silu_mul_op, lambda x, w: silu_mul_exact(x, w, None))],
+@pytest.mark.parametrize("silu_mul, exact", [(False, lambda x, w: x.double() @ w.double().T),
+                                             (True, lambda x, w: silu_mul_exact(x, w, None))],
                          ids=["linear", "linear_silu_mul"])
-def test_linear_ops_route_by_rows_inside_a_cuda_graph(op, exact):
-    """The ops the compiled body calls: graph replays with new inputs match float64 for skinny and large batches."""
+def test_linear_op_routes_by_rows_inside_a_cuda_graph(silu_mul, exact):
+    """The op the compiled body calls: graph replays with new inputs match float64 for skinny and large batches."""
     w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16) / 16
     for rows in (3, 64):
         x = torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16)
-        op(x, w, None)
+        linear_op(x, w, None, silu_mul)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = op(x, w, None)
+            y = linear_op(x, w, None, silu_mul)
         for _ in range(2):
             x.copy_(torch.randn_like(x))
             graph.replay()

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .paged_kv import LOG2E, attend_tile, dot_precision
-from .pdl import enter, pdl_enabled
+from .pdl import enter, launch_args
 
 MAX_SPLITS = 32  # a power of two: the merge loads all slots, masked
 
@@ -124,7 +124,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     splits = splits or num_splits(batch, kv_heads, q.device)
     WORKSPACE.reserve(batch, num_heads, head_dim, q.device)
     part_o, part_lse = WORKSPACE.part_o, WORKSPACE.part_lse
-    pdl = pdl_enabled(q.device)
     decode_split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, out, part_o, part_lse, seq_lens_k, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -132,9 +131,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, DIRECT=splits == 1, PRECISION=dot_precision(q.dtype),
-        PDL=pdl, num_warps=4, num_stages=3, launch_pdl=pdl)
+        num_warps=4, num_stages=3, **launch_args(q.device))
     if splits > 1:
         decode_merge_kernel[(batch, num_heads)](
             out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
             part_o.stride(2), part_lse.stride(0), part_lse.stride(1), splits,
-            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, PDL=pdl, num_warps=4, launch_pdl=pdl)
+            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, num_warps=4, **launch_args(q.device))

@@ -24,6 +24,12 @@ def pdl_enabled(device: torch.device) -> bool:
             and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+def launch_args(device: torch.device) -> dict:
+    """A launch's PDL arguments: the kernel's `PDL` switch for `enter`, and Triton's launch attribute."""
+    pdl = pdl_enabled(device)
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
 def inductor_options(device: torch.device) -> dict:
     """Inductor config for code compiled to run on `device`: its Triton kernels join the PDL chain."""
     from torch._inductor import config

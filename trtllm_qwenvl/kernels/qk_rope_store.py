@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import enter, pdl_enabled
+from .pdl import enter, launch_args
 
 NORM_MODES = {"none": 0, "rms": 1, "zero_centred": 2}  # the q/k norm classes' `mode` names
 
@@ -102,7 +102,6 @@ def qk_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     if n == 0:
         return q_out
     weights = (q_norm, k_norm) if norm != "none" else (q, k)  # unused pointers when there is no norm
-    pdl = pdl_enabled(q.device)
     qk_rope_store_kernel[(n,)](
         q, k, v, q_out, k_cache, v_cache, slot_mapping, cos, sin, *weights, eps, num_q_heads, num_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0),
@@ -110,5 +109,5 @@ def qk_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         D=head_dim, HALF=half, NORM=NORM_MODES[norm], PAGE=k_cache.shape[1],
         BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(num_kv_heads),
         BLOCK_F=triton.next_power_of_2(half), BLOCK_R=max(triton.next_power_of_2(head_dim - 2 * half), 1),
-        BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl, num_warps=4, launch_pdl=pdl)
+        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4, **launch_args(q.device))
     return q_out

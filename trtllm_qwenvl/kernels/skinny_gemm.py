@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import enter, pdl_enabled
+from .pdl import enter, launch_args
 
 MAX_ROWS = 16  # one MMA column tile of x; larger batches go to cuBLAS, which tiles them well
 
@@ -90,10 +90,9 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if m == 0:
         return y
     cfg = config or DEFAULT
-    pdl = pdl_enabled(x.device)
     skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
         x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, PDL=pdl, BLOCK_M=MAX_ROWS,
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, BLOCK_M=MAX_ROWS,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=pdl)
+        **launch_args(x.device))
     return y

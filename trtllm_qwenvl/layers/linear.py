@@ -22,48 +22,34 @@ def use_skinny(x: torch.Tensor) -> bool:
             and x.dtype in (torch.bfloat16, torch.float16))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool = False) -> torch.Tensor:
+    """x @ weight^T (+ bias); with silu_mul, weight is a gate_up projection and the result silu(gate) * up."""
     if use_skinny(x):
         from ..kernels.skinny_gemm import skinny_gemm  # Triton: imported only where a GPU runs it
-        return skinny_gemm(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if use_skinny(x):
-        from ..kernels.skinny_gemm import skinny_gemm
-        return skinny_gemm(x, weight, bias, silu_mul=True)
-    return silu_and_mul(F.linear(x, weight, bias))
+        return skinny_gemm(x, weight, bias, silu_mul=silu_mul)
+    y = F.linear(x, weight, bias)
+    return silu_and_mul(y) if silu_mul else y
 
 
 @torch.library.custom_op("trtllm_qwenvl::linear", mutates_args=())
-def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return linear(x, weight, bias)
+def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool) -> torch.Tensor:
+    return linear(x, weight, bias, silu_mul)
 
 
 @linear_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-@torch.library.custom_op("trtllm_qwenvl::linear_silu_mul", mutates_args=())
-def linear_silu_mul_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return linear_silu_mul(x, weight, bias)
-
-
-@linear_silu_mul_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2)
+def _(x, weight, bias, silu_mul):
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if silu_mul else weight.shape[0])
 
 
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return linear_op(x, self.weight, self.bias)
-        return linear(x, self.weight, self.bias)
+        return self.project(x, False)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this layer's output [gate, up] (a gate_up projection)."""
+        return self.project(x, True)
+
+    def project(self, x: torch.Tensor, silu_mul: bool) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return linear_silu_mul_op(x, self.weight, self.bias)
-        return linear_silu_mul(x, self.weight, self.bias)
+            return linear_op(x, self.weight, self.bias, silu_mul)
+        return linear(x, self.weight, self.bias, silu_mul)
