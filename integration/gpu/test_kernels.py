@@ -12,7 +12,7 @@ import torch
 import triton
 
 from trtllm_qwenvl.kernels.mrope import apply_mrope
-from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, paged_decode_attention
+from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, WORKSPACE, paged_decode_attention
 from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
@@ -305,6 +305,7 @@ def test_decode_matches_reference(dtype, page, case, splits):
     err = rel_err(out, b.reference64(scale))
     print(f"decode {case} {dtype} page={page} splits={splits}: {err:.2e}")
     assert err < tol(dtype)
+    assert not WORKSPACE.arrivals.any(), "the last split must reset its counter for the next launch"
 
 
 @gpu_only

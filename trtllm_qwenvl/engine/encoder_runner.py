@@ -7,7 +7,7 @@ import torch
 from ..config import EncoderCudaGraphConfig
 from ..models.base import VisionOutput
 from ..utils.device_timer import DeviceTimer
-from ..utils.h2d import async_tensor_h2d
+from ..utils.h2d import async_cat_h2d, async_tensor_h2d
 from ..utils.logging import logger
 from ..utils.nvtx import nvtx_range
 from .encoder_cuda_graphs import EncoderGraphs
@@ -70,8 +70,7 @@ class EncoderRunner:
     @torch.inference_mode()
     def encode(self, items: list[MMItem]) -> None:
         with nvtx_range("vision_encode"), self.timer.time():
-            pixels = torch.cat([item.pixel_values for item in items])
-            pixels = async_tensor_h2d(pixels, pixels.dtype, self.device)
+            pixels = async_cat_h2d([item.pixel_values for item in items], self.device)
             grids = [item.grid_thw for item in items]
             out = self.graphs.run(pixels, grids) if self.graphs is not None and self.use_graphs else None
             if out is None:

@@ -1,11 +1,15 @@
 """Paged attention for decode steps (one query token per sequence), split-K over the context, CUDA-graph safe.
 
 A batch of a few long sequences gives too few (sequence, KV head) programs to fill the GPU, so each sequence's
-context is cut into `num_splits` equal ranges attended in parallel; a second pass merges the partial results by
-their log-sum-exp. Graph safety:
+context is cut into `num_splits` equal ranges attended in parallel, and the partial results are merged by their
+log-sum-exp. The merge runs in the same launch: each split program writes its partial, counts its arrival on a
+per-(sequence, KV head) counter, and the program that arrives last merges all of them and resets the counter
+(a separate merge kernel cost a launch per layer, a tenth of a decode step's attention at batch 1). The merge reads
+the splits in a fixed order, so the result does not depend on which program finished last. Graph safety:
 - the split count depends only on host shapes (batch size, KV heads), so it is fixed per captured batch size;
 - each split's range is derived on the device from seq_lens_k: no host reads, no data-dependent host control;
-- the partials live in a workspace sized once (`reserve`) and sliced per batch, never allocated per step.
+- the partials and counters live in a workspace sized once (`reserve`) and sliced per batch, never allocated per
+  step; the counters return to zero at the end of every launch.
 The torch reference is `layers.attention_backends.TorchPagedAttention`.
 """
 import functools
@@ -21,12 +25,12 @@ MAX_SPLITS = 32  # a power of two: the merge loads all slots, masked
 
 
 @triton.jit
-def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, tables_ptr,
-                        stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head,
-                        stride_table, stride_po_b, stride_po_h, stride_po_s, stride_pl_b, stride_pl_h, scale_log2,
-                        num_splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-                        PDL: tl.constexpr):
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, arrivals_ptr, seq_lens_ptr,
+                        tables_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head,
+                        stride_table, stride_po_b, stride_po_h, stride_po_s, stride_pl_b, stride_pl_h, stride_arr,
+                        scale_log2, num_splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, DIRECT: tl.constexpr,
+                        PRECISION: tl.constexpr, PDL: tl.constexpr):
     enter(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_len = tl.load(seq_lens_ptr + seq)
@@ -51,44 +55,55 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, 
                                     PAGE, BLOCK_N, True, False, PRECISION)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    if DIRECT:  # a single split writes the final output and skips the merge
-        o_rows = seq.to(tl.int64) * stride_ot + head * stride_oh
-        tl.store(out_ptr + o_rows[:, None] + d[None, :], o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    o_ptrs = out_ptr + (seq.to(tl.int64) * stride_ot + head * stride_oh)[:, None] + d[None, :]
+    if DIRECT:  # a single split writes the final output
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         # An empty split (short context) reports lse = -inf and drops out of the merge.
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        po_rows = seq.to(tl.int64) * stride_po_b + head * stride_po_h + split * stride_po_s
-        tl.store(part_o_ptr + po_rows[:, None] + d[None, :], o, mask=row_ok[:, None])
-        tl.store(part_lse_ptr + seq * stride_pl_b + head * stride_pl_h + split, lse, mask=row_ok)
+        po_rows = seq.to(tl.int64) * stride_po_b + head * stride_po_h
+        lse_rows = part_lse_ptr + seq * stride_pl_b + head * stride_pl_h
+        tl.store(part_o_ptr + (po_rows + split * stride_po_s)[:, None] + d[None, :], o, mask=row_ok[:, None])
+        tl.store(lse_rows + split, lse, mask=row_ok)
+        # All threads' partials are written before one thread's release-ordered arrival publishes them (the
+        # barrier orders them before it); the last arrival's acquire then makes every split's partial visible.
+        tl.debug_barrier()
+        counter = arrivals_ptr + seq * stride_arr + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            merged = merge_splits(part_o_ptr, lse_rows, po_rows, stride_po_s, num_splits, row_ok, d,
+                                  BLOCK_G, HEAD_DIM, BLOCK_S)
+            tl.store(o_ptrs, merged.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(counter, 0)
 
 
 @triton.jit
-def decode_merge_kernel(out_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_po_b, stride_po_h,
-                        stride_po_s, stride_pl_b, stride_pl_h, num_splits,
-                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    enter(PDL)
-    seq, head = tl.program_id(0), tl.program_id(1)
+def merge_splits(part_o_ptr, lse_rows, po_rows, stride_po_s, num_splits, row_ok, d, BLOCK_G: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Each head's output from its splits' partials, weighted by their softmax mass. Loads skip L1 (.cg): the
+    partials were written by other SMs during this launch."""
     s = tl.arange(0, BLOCK_S)
-    lse = tl.load(part_lse_ptr + seq * stride_pl_b + head * stride_pl_h + s, mask=s < num_splits,
-                  other=float("-inf"))
-    top = tl.max(lse, 0)
+    lse = tl.load(lse_rows[:, None] + s[None, :], mask=row_ok[:, None] & (s < num_splits)[None, :],
+                  other=float("-inf"), cache_modifier=".cg")
+    top = tl.max(lse, 1)
     top = tl.where(top == float("-inf"), 0.0, top)  # empty sequence (padding row): every weight is zero
-    w = tl.exp2(lse - top)
-    total = tl.sum(w, 0)
-    d = tl.arange(0, HEAD_DIM)
-    base = seq.to(tl.int64) * stride_po_b + head * stride_po_h
-    parts = tl.load(part_o_ptr + base + s[:, None] * stride_po_s + d[None, :], mask=(s < num_splits)[:, None],
-                    other=0.0)
-    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+    total = tl.sum(tl.exp2(lse - top[:, None]), 1)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    for split in range(num_splits):
+        w = tl.exp2(tl.load(lse_rows + split, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
+        part = tl.load(part_o_ptr + (po_rows + split * stride_po_s)[:, None] + d[None, :], mask=row_ok[:, None],
+                       other=0.0, cache_modifier=".cg")
+        acc += part * w[:, None]
+    return acc / tl.where(total > 0, total, 1.0)[:, None]
 
 
 class Workspace:
-    """Split-K partials, sized by the largest batch once and sliced per call (no allocation inside a graph)."""
+    """Split-K partials and arrival counters, sized by the largest batch once and sliced per call (no allocation
+    inside a graph)."""
 
     def __init__(self):
         self.part_o = torch.empty(0)
         self.part_lse = torch.empty(0)
+        self.arrivals = torch.empty(0)
 
     def reserve(self, max_batch: int, num_heads: int, head_dim: int, device) -> None:
         """Call at engine start with the largest decode batch; later calls only grow it (eager steps)."""
@@ -99,6 +114,7 @@ class Workspace:
             return
         self.part_o = torch.empty(want, dtype=torch.float32, device=device)
         self.part_lse = torch.empty(want[:3], dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(want[:2], dtype=torch.int32, device=device)  # one per (sequence, KV head)
 
 
 WORKSPACE = Workspace()
@@ -123,17 +139,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = num_heads // kv_heads
     splits = splits or num_splits(batch, kv_heads, q.device)
     WORKSPACE.reserve(batch, num_heads, head_dim, q.device)
-    part_o, part_lse = WORKSPACE.part_o, WORKSPACE.part_lse
+    ws = WORKSPACE
     decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, out, part_o, part_lse, seq_lens_k, block_tables,
+        q, k_cache, v_cache, out, ws.part_o, ws.part_lse, ws.arrivals, seq_lens_k, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, DIRECT=splits == 1, PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=3, **launch_args(q.device))
-    if splits > 1:
-        decode_merge_kernel[(batch, num_heads)](
-            out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
-            part_o.stride(2), part_lse.stride(0), part_lse.stride(1), splits,
-            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, num_warps=4, **launch_args(q.device))
+        ws.part_o.stride(0), ws.part_o.stride(1), ws.part_o.stride(2), ws.part_lse.stride(0), ws.part_lse.stride(1),
+        ws.arrivals.stride(0), scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_S=MAX_SPLITS,
+        DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3, **launch_args(q.device))
