@@ -224,10 +224,10 @@ class Run:
     tokens: list[int]               # greedy
     gaps: list[float] = field(default_factory=list)  # HF: top-1 minus top-2 logit at each greedy step
     tops: list[float] = field(default_factory=list)  # HF: top-1 logit at each greedy step
-    scores: torch.Tensor | None = None  # HF: every logit at each greedy step (steps, vocab), fp32 on the CPU
     prompt_tokens: int = 0
     cached: int = 0
     image_span: tuple[int, int] = (0, 0)  # ours: first and last image-pad position in the prompt
+    scores: torch.Tensor | None = None  # HF: every logit at each greedy step (steps, vocab), fp32 on the CPU
 
 
 @contextlib.contextmanager
@@ -251,7 +251,7 @@ def hf_run(model, processor, prompt: dict, device) -> Run:
     top2 = scores.topk(2, dim=-1).values
     n = inputs["input_ids"].shape[1]
     return Run(logits, out.sequences[0, n:].tolist(), (top2[:, 0] - top2[:, 1]).tolist(), top2[:, 0].tolist(),
-               scores, n)
+               n, scores=scores)
 
 
 def hf_runs(model, processor, prompts: dict, device) -> dict[str, Run]:
