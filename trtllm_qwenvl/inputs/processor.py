@@ -118,8 +118,10 @@ class InputProcessor:
         """The processor's pixels in the tower's dtype, pinned if asked, in one copy."""
         if pixels is None:
             return None
-        out = torch.empty(pixels.shape, dtype=self.pixel_dtype or pixels.dtype, pin_memory=self.pin_pixels)
-        return out.copy_(pixels)
+        dtype = self.pixel_dtype or pixels.dtype
+        if dtype == pixels.dtype and not self.pin_pixels:
+            return pixels
+        return torch.empty(pixels.shape, dtype=dtype, pin_memory=self.pin_pixels).copy_(pixels)
 
     def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds, media: list, uuids) -> list[MMItem]:
         if grids is None:

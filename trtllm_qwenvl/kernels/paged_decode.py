@@ -67,6 +67,7 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, 
         tl.store(lse_rows + split, lse, mask=row_ok)
         # All threads' partials are written before one thread's release-ordered arrival publishes them (the
         # barrier orders them before it); the last arrival's acquire then makes every split's partial visible.
+        # Every program must arrive, empty splits included: no early return above this point.
         tl.debug_barrier()
         counter = arrivals_ptr + seq * stride_arr + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
@@ -138,6 +139,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // kv_heads
     splits = splits or num_splits(batch, kv_heads, q.device)
+    assert 1 <= splits <= MAX_SPLITS, f"splits must be 1..{MAX_SPLITS}, got {splits}"
     WORKSPACE.reserve(batch, num_heads, head_dim, q.device)
     ws = WORKSPACE
     decode_split_kernel[(batch, kv_heads, splits)](
