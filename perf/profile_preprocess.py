@@ -1,6 +1,6 @@
 """Host time of preprocessing one image prompt (the part of TTFT before the engine sees the request): the whole
-`InputProcessor` call against its parts, the image processor on the host (as the engine runs it) and on the GPU,
-then cProfile's top functions.
+`InputProcessor` call against its parts and against the HF processor it stands in for, the image processor on the
+host (as the engine runs it) and on the GPU, then cProfile's top functions.
 
     python perf/profile_preprocess.py --model qwen3_vl_8b
 """
@@ -43,11 +43,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_shape_dir(args.model, pathlib.Path(tmp) / args.model)
         prompts = Prompts(model_dir, Workload())
-        ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+        ours = InputProcessor(str(model_dir), config)
         hf = ours.processor
+        as_engine = InputProcessor(str(model_dir), config, ours.tokenizer, pixel_dtype=torch.bfloat16,
+                                   pin_pixels=device.type == "cuda")
         parts = {
             "InputProcessor (all of it)": ours,
-            "HF processor (tokens + pixels)": lambda q: ours.process(q["prompt"], q["multi_modal_data"]["image"], []),
+            "InputProcessor as a GPU engine runs it (bf16 pixels, pinned)": as_engine,
+            "HF processor (tokens + pixels)": lambda q: hf(text=[q["prompt"]], images=q["multi_modal_data"]["image"]),
+            "ours: image processor + tokenizer + expansion": lambda q: ours.process_images(
+                q["prompt"], q["multi_modal_data"]["image"]),
             "HF image processor alone, on the device": lambda q: hf.image_processor(
                 q["multi_modal_data"]["image"], device=str(device), return_tensors="pt"),
             "HF image processor alone, on the host": lambda q: hf.image_processor(

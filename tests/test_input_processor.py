@@ -25,3 +25,19 @@ def test_pixels_are_hf_pixels_in_the_tower_dtype(checkpoints, media, scenario, d
             continue
         assert all(p.dtype == dtype for p in got)
         assert torch.equal(torch.cat(got), ref[key].to(dtype))
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("scenario", ["image", "two_images"])
+def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario):
+    """Images alone skip the HF processor's text step (the prompt is tokenized as written and each placeholder
+    repeated to its image's token count): ids, grids and pixels still equal the HF processor's."""
+    model_dir = checkpoints(arch)
+    hf = transformers.AutoProcessor.from_pretrained(model_dir)
+    prompt = scenarios(hf, media)[scenario]
+    ref = hf_inputs(hf, prompt)
+    ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))
+    out = ours(prompt)
+    assert out.token_ids == ref["input_ids"][0].tolist()
+    assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
+    assert torch.equal(torch.cat([item.pixel_values for item in out.mm_items]), ref["pixel_values"])

@@ -1,6 +1,7 @@
 """The LLM API contract: chat, streaming, stops, logprobs, seeds, the text-only fast path, and bad input."""
 import asyncio
 import base64
+import gc
 import io
 import json
 import shutil
@@ -44,6 +45,12 @@ def test_text_only_fast_path_skips_the_hf_processor(checkpoints):
         assert llm.engine.processor._processor is None
     assert seq.prompt.mrope_positions.tolist() == [list(range(len(seq.token_ids)))] * 3
     assert seq.prompt.mrope_delta == 0
+
+
+def test_startup_objects_are_out_of_the_collectors_reach(llm):
+    """Start-up ends with gc.freeze(): the model is no longer in any generation the collector scans."""
+    assert gc.get_freeze_count() > 0
+    assert all(o is not llm.engine.model for o in gc.get_objects())
 
 
 def test_prompt_token_ids_input(llm, ref):
