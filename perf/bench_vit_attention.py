@@ -5,12 +5,12 @@ is timed as a CUDA graph replay; the error is against SDPA's math backend in fp3
 
     python3 perf/bench_vit_attention.py
 """
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
+
+from bench_skinny_gemm import graph_ms
 
 SHAPES = [(1, 1024, 72), (8, 1024, 72), (1, 4096, 72), (1, 1024, 80), (1, 1024, 128)]  # segments, length, dim
 HEADS = 16
@@ -18,22 +18,8 @@ BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTEN
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def replay_us(fn, reps: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return 1e3 * statistics.median(times)
+def replay_us(fn) -> float:
+    return 1e3 * graph_ms(fn, reps=50)
 
 
 def sdpa(backend, q, k, v):
