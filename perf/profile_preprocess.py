@@ -22,6 +22,7 @@ import transformers
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_engine import Prompts, Workload  # noqa: E402
 from model_shapes import SHAPES, make_shape_dir  # noqa: E402
+from trtllm_qwenvl.inputs.pixels import RAW  # noqa: E402
 from trtllm_qwenvl.inputs.processor import InputProcessor  # noqa: E402
 
 
@@ -51,11 +52,10 @@ def main() -> None:
         config = transformers.AutoConfig.from_pretrained(model_dir)
         ours = InputProcessor(str(model_dir), config)
         hf = ours.processor
-        as_engine = InputProcessor(str(model_dir), config, ours.tokenizer, pixel_dtype=torch.bfloat16,
-                                   pin_pixels=device.type == "cuda")
+        as_engine = InputProcessor(str(model_dir), config, ours.tokenizer, pin_pixels=device.type == "cuda")
         parts = {
             "InputProcessor (all of it)": ours,
-            "InputProcessor as a GPU engine runs it (bf16 pixels, pinned)": as_engine,
+            "InputProcessor as a GPU engine runs it (pixels pinned)": as_engine,
             "HF processor (tokens + pixels)": lambda q: hf(text=[q["prompt"]], images=q["multi_modal_data"]["image"]),
             "ours: image processor + tokenizer + expansion": lambda q: ours.process_images(
                 q["prompt"], q["multi_modal_data"]["image"]),
@@ -63,6 +63,8 @@ def main() -> None:
                 q["multi_modal_data"]["image"], device=str(device), return_tensors="pt"),
             "HF image processor alone, on the host": lambda q: hf.image_processor(
                 q["multi_modal_data"]["image"], return_tensors="pt"),
+            "HF image processor alone, on the host, raw (as ours runs it)": lambda q: hf.image_processor(
+                q["multi_modal_data"]["image"], return_tensors="pt", **RAW),
             "tokenizer alone (prompt before expansion)": lambda q: ours.tokenizer(q["prompt"]),
         }
         rows = {name: [] for name in parts}

@@ -1,5 +1,6 @@
-"""InputProcessor's pixels against the HF processor's own: in the tower's dtype they are HF's fp32 pixels rounded
-once, split per item in prompt order."""
+"""InputProcessor's pixels against the HF processor's own: raw (uint8 for images) on the host, and after the item's
+`PixelNorm` (the encoder applies it on the device) HF's fp32 pixels exactly, split per item in prompt order; in the
+tower's dtype, HF's pixels rounded once."""
 import pytest
 import torch
 import transformers
@@ -11,15 +12,16 @@ from conftest import hf_inputs, scenarios
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scenario", ["two_images", "image_video"])
-def test_pixels_are_hf_pixels_in_the_tower_dtype(checkpoints, media, scenario, dtype):
+def test_normalised_raw_pixels_are_hf_pixels(checkpoints, media, scenario, dtype):
     model_dir = checkpoints("qwen3_vl")
     hf = transformers.AutoProcessor.from_pretrained(model_dir)
     prompt = scenarios(hf, media)[scenario]
     ref = hf_inputs(hf, prompt)
-    ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir), pixel_dtype=dtype)
+    ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))
     items = ours(prompt).mm_items
+    assert all(item.pixel_values.dtype == torch.uint8 for item in items if item.modality == "image")
     for modality, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
-        got = [item.pixel_values for item in items if item.modality == modality]
+        got = [item.norm.apply(item.pixel_values, dtype) for item in items if item.modality == modality]
         if key not in ref:
             assert not got
             continue
@@ -40,4 +42,5 @@ def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario
     out = ours(prompt)
     assert out.token_ids == ref["input_ids"][0].tolist()
     assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
-    assert torch.equal(torch.cat([item.pixel_values for item in out.mm_items]), ref["pixel_values"])
+    pixels = [item.norm.apply(item.pixel_values, torch.float32) for item in out.mm_items]
+    assert torch.equal(torch.cat(pixels), ref["pixel_values"])

@@ -17,7 +17,7 @@ def make_seq(tokens, mm_items=()) -> Sequence:
 
 
 def image(start, count, hash_):
-    return MMItem("image", torch.empty(0), (1, 2, 2), np.arange(start, start + count), hash_)
+    return MMItem("image", torch.empty(0), None, (1, 2, 2), np.arange(start, start + count), hash_)
 
 
 def run_and_cache(bm: BlockManager, seq: Sequence) -> list[int]:

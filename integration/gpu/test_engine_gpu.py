@@ -126,12 +126,25 @@ def test_piecewise_prefill_graphs_match_hf(arch, checkpoint, ref):
 
 def encode_eager_and_graphed(engine, items):
     """The tower's output for `items` through the encoder graphs, and eagerly from the same device pixels."""
-    pixels = torch.cat([item.pixel_values for item in items]).to(engine.device)
+    pixels = engine.encoder.upload(items)
     grids = [item.grid_thw for item in items]
     with torch.inference_mode():
         graphed = engine.encoder.graphs.run(pixels, grids)
         eager = engine.model.encode(pixels, grids)
     return graphed, eager
+
+
+def test_pixels_normalised_on_the_device_equal_the_hosts(checkpoint, ref):
+    """The encoder's input: raw pixels normalised on the GPU equal the same arithmetic on the host, which
+    tests/test_input_processor.py holds equal to the HF processor's pixels."""
+    engine = LLMEngine(LlmArgs.from_kwargs(model=str(checkpoint), dtype="bfloat16",
+                                           kv_cache_config={"max_tokens": 4096}))
+    items = [item for p in scenario_prompts(ref.processor)[1:] for item in engine.processor(p).mm_items]
+    assert {item.modality for item in items} == {"image", "video"}
+    with torch.inference_mode():
+        device = engine.encoder.upload(items)
+    host = torch.cat([item.norm.apply(item.pixel_values, torch.bfloat16) for item in items])
+    assert device.dtype == torch.bfloat16 and torch.equal(device.cpu(), host)
 
 
 def test_encoder_graphs_match_eager(checkpoint, ref):
@@ -150,7 +163,7 @@ def test_encoder_graphs_match_eager(checkpoint, ref):
     graphs = engine.encoder.graphs
     assert graphs.hits == 4 and graphs.misses == 0
     too_many = items["two"] * 2  # 4 items > max_items: eager fallback, counted
-    assert graphs.run(torch.cat([i.pixel_values for i in too_many]).cuda(), [i.grid_thw for i in too_many]) is None
+    assert graphs.run(engine.encoder.upload(too_many), [i.grid_thw for i in too_many]) is None
     assert graphs.misses == 1
 
 

@@ -7,7 +7,7 @@ import torch
 from ..config import EncoderCudaGraphConfig
 from ..models.base import VisionOutput
 from ..utils.device_timer import DeviceTimer
-from ..utils.h2d import async_cat_h2d, async_tensor_h2d
+from ..utils.h2d import async_tensor_h2d
 from ..utils.logging import logger
 from ..utils.nvtx import nvtx_range
 from .encoder_cuda_graphs import EncoderGraphs
@@ -29,9 +29,10 @@ def overlap(item: MMItem, start: int, end: int) -> tuple[int, int]:
 
 
 class EncoderRunner:
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, device: torch.device, dtype: torch.dtype):
         self.model = model
         self.device = device
+        self.dtype = dtype
         self.cache: dict[int, VisionOutput] = {}
         self.users: dict[int, set[int]] = {}
         self.timer = DeviceTimer(device)
@@ -70,7 +71,7 @@ class EncoderRunner:
     @torch.inference_mode()
     def encode(self, items: list[MMItem]) -> None:
         with nvtx_range("vision_encode"), self.timer.time():
-            pixels = async_cat_h2d([item.pixel_values for item in items], self.device)
+            pixels = self.upload(items)
             grids = [item.grid_thw for item in items]
             out = self.graphs.run(pixels, grids) if self.graphs is not None and self.use_graphs else None
             if out is None:
@@ -81,6 +82,12 @@ class EncoderRunner:
         for item, e, d in zip(items, embeds, deepstack):
             self.cache[item.hash] = VisionOutput(e, d)
         self.items_encoded += len(items)
+
+    def upload(self, items: list[MMItem]) -> torch.Tensor:
+        """The items' pixels on the device in the tower's dtype, normalised there from their raw values."""
+        parts = [item.norm.apply(async_tensor_h2d(item.pixel_values, item.pixel_values.dtype, self.device),
+                                 self.dtype) for item in items]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def gather(self, needed, batch: list[ScheduledSeq]) -> StepMedia:
         row_of_start = dict(zip(map(id, batch), np.cumsum([0] + [s.num_tokens for s in batch[:-1]])))

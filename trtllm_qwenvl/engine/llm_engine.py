@@ -85,8 +85,7 @@ class LLMEngine:
         self.dtype = args.torch_dtype(getattr(hf_config, "dtype", None) or hf_config.text_config.dtype)
         select_backend(args.attn_backend, self.device)
         self.model = build_model(args, hf_config, self.device, self.dtype)
-        self.processor = InputProcessor(args.tokenizer or args.model, hf_config, pixel_dtype=self.dtype,
-                                        pin_pixels=self.device.type == "cuda")
+        self.processor = InputProcessor(args.tokenizer or args.model, hf_config, pin_pixels=self.device.type == "cuda")
         self.tokenizer = self.processor.tokenizer
         self.eos_ids = eos_token_ids(args.model, self.tokenizer)
         self.max_seq_len = args.max_seq_len or hf_config.text_config.max_position_embeddings
@@ -103,7 +102,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, kv.tokens_per_block, reuse, snapshots)
         self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill,
                                    self.state_pool)
-        self.encoder = EncoderRunner(self.model, self.device)
+        self.encoder = EncoderRunner(self.model, self.device, self.dtype)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens, args.max_batch_size, self.max_seq_len)
         self.log_memory("KV cache allocated")

@@ -7,6 +7,7 @@ from enum import Enum, auto
 import numpy as np
 import torch
 
+from ..inputs.pixels import PixelNorm
 from ..llmapi.sampling_params import SamplingParams
 
 
@@ -18,9 +19,11 @@ class Status(Enum):
 
 @dataclass
 class MMItem:
-    """One image or video after the HF processor. `positions` are the prompt indices its embeddings fill."""
+    """One image or video after the HF processor: raw pixels, which `norm` turns into the processor's pixels on the
+    encoder's device. `positions` are the prompt indices its embeddings fill."""
     modality: str
     pixel_values: torch.Tensor
+    norm: PixelNorm
     grid_thw: tuple[int, int, int]
     positions: np.ndarray
     hash: int

@@ -2,9 +2,10 @@
 
 Text-only prompts take the tokenizer alone. Prompts with images alone take the checkpoint's HF image processor and
 the tokenizer, then expand each placeholder to its image's token count as the HF processor's text step does; prompts
-with video run the whole HF processor, whose video text (per-frame timestamps) is its own. All of it on the host.
-(On the GPU it saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then sat in
-device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
+with video run the whole HF processor, whose video text (per-frame timestamps) is its own. All of it on the host,
+except the pixels' rescale and normalise, which the encoder applies on the device (`pixels.PixelNorm`). (The whole
+image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then
+sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
 """
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import torch
 from ..engine.sequence import MMItem, ProcessedPrompt
 from .hashing import hash_media
 from .mrope import MRopeSpec, get_rope_index, text_positions
+from .pixels import RAW, PixelNorm
 
 PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 
@@ -40,24 +42,26 @@ def as_list(x) -> list:
 
 
 class InputProcessor:
-    def __init__(self, model_dir: str, hf_config, tokenizer=None, pixel_dtype: torch.dtype | None = None,
-                 pin_pixels: bool = False):
-        """`pixel_dtype`: the vision tower's dtype. The tower casts its input to it first, so casting here is exact
-        and, in bf16, halves the bytes the encoder moves. `pin_pixels` (GPU engines): keep pixels in pinned memory
-        so their H2D copy does not block the engine's host thread."""
+    def __init__(self, model_dir: str, hf_config, tokenizer=None, pin_pixels: bool = False):
+        """`pin_pixels` (GPU engines): keep pixels in pinned memory so their H2D copy does not block the engine's
+        host thread."""
         from transformers import AutoTokenizer
         self.model_dir = model_dir
-        self.pixel_dtype = pixel_dtype
         self.pin_pixels = pin_pixels
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
         self.spec = MRopeSpec.from_hf_config(hf_config)
         self._processor = None
+        self.norms: dict[str, PixelNorm] = {}
 
     @property
     def processor(self):
         if self._processor is None:  # loaded on first media prompt: text-only serving never pays for it
             from transformers import AutoProcessor
-            self._processor = AutoProcessor.from_pretrained(self.model_dir)
+            processor = AutoProcessor.from_pretrained(self.model_dir)
+            self.norms = {"image": PixelNorm.of(processor.image_processor)}
+            if getattr(processor, "video_processor", None) is not None:
+                self.norms["video"] = PixelNorm.of(processor.video_processor)
+            self._processor = processor
         return self._processor
 
     def __call__(self, prompt) -> ProcessedPrompt:
@@ -93,16 +97,16 @@ class InputProcessor:
         video_grids = on_host(out["video_grid_thw"]) if videos else None
         seconds = on_host(out["second_per_grid_ts"]).astype(np.float64) if "second_per_grid_ts" in out else None
         positions, delta = get_rope_index(self.spec, ids, image_grids, video_grids, seconds)
-        items = self.items(ids, "image", self.stage(out.get("pixel_values")), image_grids, None, images,
+        items = self.items(ids, "image", self.stage(out.get("pixel_values")), image_grids, None,
                            uuids.get("image")) + \
             self.items(ids, "video", self.stage(out.get("pixel_values_videos")), video_grids, seconds,
-                       [v.frames for v in videos], uuids.get("video"))
+                       uuids.get("video"))
         return ProcessedPrompt(ids.tolist(), items, positions, delta, text)
 
     def process(self, text: str, images: list, videos: list[Video]):
-        """Token ids and pixels with the HF processor's output keys: ids as lists (HF's tensor conversion walks
-        them in Python, about 3 ms per 1k tokens), pixels as CPU tensors. Media it cannot process raise
-        ValueError."""
+        """Token ids and raw pixels (resized and patchified, not rescaled or normalised) with the HF processor's
+        output keys: ids as lists (HF's tensor conversion walks them in Python, about 3 ms per 1k tokens), pixels as
+        CPU tensors. Media it cannot process raise ValueError."""
         try:
             return self.process_videos(text, images, videos) if videos else self.process_images(text, images)
         except (ValueError, TypeError, OSError) as e:
@@ -113,10 +117,10 @@ class InputProcessor:
         kwargs = {"videos": [v.frames for v in videos],
                   "video_metadata": [{"fps": v.fps, "total_num_frames": len(v.frames),
                                       "frames_indices": list(range(len(v.frames)))} for v in videos],
-                  "videos_kwargs": {"return_tensors": "pt", "do_sample_frames": False}}
+                  "videos_kwargs": {"return_tensors": "pt", "do_sample_frames": False, **RAW}}
         if images:
             kwargs["images"] = images
-            kwargs["images_kwargs"] = {"return_tensors": "pt"}
+            kwargs["images_kwargs"] = {"return_tensors": "pt", **RAW}
         return self.processor(text=[text], **kwargs)
 
     def process_images(self, text: str, images: list) -> dict:
@@ -125,7 +129,7 @@ class InputProcessor:
         tokens are split off before BPE, so the ids equal those of the expanded text; skipping the HF processor's
         kwargs handling and the repeats' tokenization saved 0.65-1.0 ms per 1000-token prompt on the H100 host
         (perf/results/experiments_*)."""
-        out = self.processor.image_processor(images=images, return_tensors="pt")
+        out = self.processor.image_processor(images=images, return_tensors="pt", **RAW)
         ids = np.asarray(self.tokenizer(text)["input_ids"])
         places = ids == self.spec.image_token_id
         repeats = np.ones(len(ids), dtype=np.int64)
@@ -133,15 +137,9 @@ class InputProcessor:
         return {"input_ids": [np.repeat(ids, repeats)], **out}
 
     def stage(self, pixels: torch.Tensor | None) -> torch.Tensor | None:
-        """The processor's pixels in the tower's dtype, pinned if asked, in one copy."""
-        if pixels is None:
-            return None
-        dtype = self.pixel_dtype or pixels.dtype
-        if dtype == pixels.dtype and not self.pin_pixels:
-            return pixels
-        return torch.empty(pixels.shape, dtype=dtype, pin_memory=self.pin_pixels).copy_(pixels)
+        return pixels.pin_memory() if pixels is not None and self.pin_pixels else pixels
 
-    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds, media: list, uuids) -> list[MMItem]:
+    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds, uuids) -> list[MMItem]:
         if grids is None:
             return []
         token = self.spec.image_token_id if modality == "image" else self.spec.video_token_id
@@ -153,8 +151,8 @@ class InputProcessor:
             n_patches, n_tokens = int(np.prod(grid)), int(np.prod(grid)) // merge
             px = pixels[patch:patch + n_patches]
             extra = float(seconds[i]) if seconds is not None else 0.0
-            key = hash_media(modality, media[i], grid, extra, uuids[i] if uuids else None)
-            items.append(MMItem(modality, px, grid, places[tok:tok + n_tokens], key))
+            key = hash_media(modality, px, grid, extra, uuids[i] if uuids else None)
+            items.append(MMItem(modality, px, self.norms[modality], grid, places[tok:tok + n_tokens], key))
             patch, tok = patch + n_patches, tok + n_tokens
         return items
 

@@ -20,20 +20,6 @@ def async_tensor_h2d(data, dtype: torch.dtype, device: torch.device | str) -> to
     return cpu.to(device, non_blocking=True)
 
 
-def async_cat_h2d(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Rows of several CPU tensors (one dtype) concatenated on `device`: each part is copied straight into its slice
-    of the device tensor, so pinned parts need no host-side concatenation and the host does not wait."""
-    if device.type == "cpu":
-        return torch.cat(parts)
-    out = torch.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
-    start = 0
-    for part in parts:
-        src = part if part.is_pinned() else part.pin_memory()
-        out[start:start + len(part)].copy_(src, non_blocking=True)
-        start += len(part)
-    return out
-
-
 class StagingBuffers:
     """Named device buffers sized once from the engine limits, each with a pinned host twin.
 

@@ -1,0 +1,49 @@
+"""Raw pixels: the HF processors resize and patchify on the host, and their rescale and normalise run on the
+engine's device.
+
+Normalising a 512px image on the host is three fp32 passes over 3 MB (cast, subtract, divide), multi-threaded
+torch ops whose idle CPU threads must be woken for each request, and it leaves 4 bytes a value to stage and copy.
+Raw pixels stay uint8 through patchify, staging and the H2D copy. The device then repeats the processor's own fp32
+arithmetic (the same subtract and divide, eagerly, so each value rounds as on the host): the tower sees HF's pixels
+exactly.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+RAW = {"do_rescale": False, "do_normalize": False}  # processor kwargs: resize and patchify only
+
+
+@dataclass
+class PixelNorm:
+    """What an HF image or video processor does to pixels after resizing: x * scale when it only rescales, else
+    (x - mean) / std in fp32, mean and std divided by the rescale factor when it also rescales (HF fuses the two
+    that way). A patch row holds one run of `span` values per channel."""
+    span: int
+    scale: float | None = None
+    mean: torch.Tensor | None = None  # (C,) fp32
+    std: torch.Tensor | None = None
+    on_device: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, processor) -> "PixelNorm":
+        span = processor.temporal_patch_size * processor.patch_size ** 2
+        if not processor.do_normalize:
+            return cls(span, processor.rescale_factor if processor.do_rescale else None)
+        mean, std = torch.tensor(processor.image_mean), torch.tensor(processor.image_std)
+        if processor.do_rescale:
+            mean, std = mean * (1.0 / processor.rescale_factor), std * (1.0 / processor.rescale_factor)
+        return cls(span, None, mean, std)
+
+    def apply(self, raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Raw patch rows (N, C * span), on any device -> the processor's pixels in `dtype`."""
+        if self.mean is None:
+            return (raw * self.scale if self.scale is not None else raw).to(dtype)
+        mean, std = self.constants(raw.device)
+        x = raw.to(torch.float32, copy=True).view(len(raw), len(mean), self.span)
+        return x.sub_(mean[:, None]).div_(std[:, None]).view(len(raw), -1).to(dtype)
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self.on_device:  # copied once: a per-call copy of pageable memory would block the host
+            self.on_device[device] = (self.mean.to(device), self.std.to(device))
+        return self.on_device[device]
