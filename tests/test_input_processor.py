@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from trtllm_qwenvl.inputs.pixels import RAW, PixelNorm
 from trtllm_qwenvl.inputs.processor import InputProcessor
 
 from conftest import hf_inputs, scenarios
@@ -44,3 +45,18 @@ def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario
     assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
     pixels = [item.norm.apply(item.pixel_values, torch.float32) for item in out.mm_items]
     assert torch.equal(torch.cat(pixels), ref["pixel_values"])
+
+
+@pytest.mark.parametrize("settings", [
+    {"image_mean": 0.5, "image_std": 0.25},  # HF takes a scalar for every channel
+    {"do_rescale": False},
+    {"do_normalize": False},
+    {"do_rescale": False, "do_normalize": False},
+])
+def test_pixel_norm_follows_the_processor_settings(checkpoints, media, settings):
+    model_dir = checkpoints("qwen3_vl")
+    hf = transformers.AutoProcessor.from_pretrained(model_dir, **settings).image_processor
+    image = scenarios(transformers.AutoProcessor.from_pretrained(model_dir), media)["image"]["multi_modal_data"]
+    ref = hf(images=image["image"], return_tensors="pt")["pixel_values"]
+    raw = hf(images=image["image"], return_tensors="pt", **RAW)["pixel_values"]
+    assert torch.equal(PixelNorm.of(hf).apply(raw, ref.dtype), ref)

@@ -2,10 +2,12 @@
 engine's device.
 
 Normalising a 512px image on the host is three fp32 passes over 3 MB (cast, subtract, divide), multi-threaded
-torch ops whose idle CPU threads must be woken for each request, and it leaves 4 bytes a value to stage and copy.
-Raw pixels stay uint8 through patchify, staging and the H2D copy. The device then repeats the processor's own fp32
-arithmetic (the same subtract and divide, eagerly, so each value rounds as on the host): the tower sees HF's pixels
-exactly.
+torch ops whose idle CPU threads must be woken for each request, and its fp32 result still had to be cast for
+staging. Raw pixels of RGB images stay uint8 through patchify, staging and the H2D copy (half the bytes of bf16).
+The device then repeats the processor's own fp32 arithmetic (the same subtract and divide, eagerly, so each value
+rounds as on the host): the tower sees HF's pixels exactly. That is the arithmetic of HF's torchvision backend,
+which AutoProcessor loads when torchvision is installed (a pinned dependency); the PIL backend rescales and
+normalises in two steps, one rounding more.
 """
 from dataclasses import dataclass, field
 
@@ -33,17 +35,20 @@ class PixelNorm:
         mean, std = torch.tensor(processor.image_mean), torch.tensor(processor.image_std)
         if processor.do_rescale:
             mean, std = mean * (1.0 / processor.rescale_factor), std * (1.0 / processor.rescale_factor)
-        return cls(span, None, mean, std)
+        return cls(span, None, mean.reshape(-1), std.reshape(-1))  # a scalar mean or std applies to every channel
 
     def apply(self, raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Raw patch rows (N, C * span), on any device -> the processor's pixels in `dtype`."""
         if self.mean is None:
             return (raw * self.scale if self.scale is not None else raw).to(dtype)
         mean, std = self.constants(raw.device)
-        x = raw.to(torch.float32, copy=True).view(len(raw), len(mean), self.span)
+        x = raw.to(torch.float32, copy=True).view(len(raw), -1, self.span)
         return x.sub_(mean[:, None]).div_(std[:, None]).view(len(raw), -1).to(dtype)
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if device not in self.on_device:  # copied once: a per-call copy of pageable memory would block the host
-            self.on_device[device] = (self.mean.to(device), self.std.to(device))
+        """mean and std on `device`, copied once and without blocking the host (from pinned memory)."""
+        if device not in self.on_device:
+            pin = device.type == "cuda"
+            self.on_device[device] = tuple(t.pin_memory().to(device, non_blocking=True) if pin else t
+                                           for t in (self.mean, self.std))
         return self.on_device[device]

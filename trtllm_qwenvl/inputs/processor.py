@@ -7,6 +7,7 @@ except the pixels' rescale and normalise, which the encoder applies on the devic
 image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then
 sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
 """
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,17 +52,20 @@ class InputProcessor:
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
         self.spec = MRopeSpec.from_hf_config(hf_config)
         self._processor = None
+        self.loading = threading.Lock()
         self.norms: dict[str, PixelNorm] = {}
 
     @property
     def processor(self):
-        if self._processor is None:  # loaded on first media prompt: text-only serving never pays for it
-            from transformers import AutoProcessor
-            processor = AutoProcessor.from_pretrained(self.model_dir)
-            self.norms = {"image": PixelNorm.of(processor.image_processor)}
-            if getattr(processor, "video_processor", None) is not None:
-                self.norms["video"] = PixelNorm.of(processor.video_processor)
-            self._processor = processor
+        # Loaded on first media prompt (text-only serving never pays for it), once: preprocessing threads race here.
+        with self.loading:
+            if self._processor is None:
+                from transformers import AutoProcessor
+                processor = AutoProcessor.from_pretrained(self.model_dir)
+                self.norms = {"image": PixelNorm.of(processor.image_processor)}
+                if getattr(processor, "video_processor", None) is not None:
+                    self.norms["video"] = PixelNorm.of(processor.video_processor)
+                self._processor = processor
         return self._processor
 
     def __call__(self, prompt) -> ProcessedPrompt:
