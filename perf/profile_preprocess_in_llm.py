@@ -18,42 +18,37 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_engine as bench  # noqa: E402
 from trtllm_qwenvl import LLM, SamplingParams  # noqa: E402
-from trtllm_qwenvl.inputs.hashing import hash_media  # noqa: E402
 from trtllm_qwenvl.inputs.pixels import RAW  # noqa: E402
 
 ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)
 
 
-def parts(llm: LLM):
-    """Each part of preprocessing one image prompt, timed where it runs; returns seconds by part."""
-    proc = llm.engine.processor
+def parts(proc) -> dict:
+    """The parts of preprocessing one image prompt (and the whole), each a call on the prompt."""
     image_processor = proc.processor.image_processor
-
-    def run(prompt) -> dict:
-        image = prompt["multi_modal_data"]["image"]
-        times, t = {}, time.perf_counter()
-        image_processor(images=image, return_tensors="pt")
-        times["image processor, normalising"], t = time.perf_counter() - t, time.perf_counter()
-        raw = image_processor(images=image, return_tensors="pt", **RAW)["pixel_values"]
-        times["image processor, raw"], t = time.perf_counter() - t, time.perf_counter()
-        proc.tokenizer(prompt["prompt"])
-        times["tokenizer"], t = time.perf_counter() - t, time.perf_counter()
-        hash_media("image", raw, (1, 1, 1))
-        times["hash of the raw pixels"], t = time.perf_counter() - t, time.perf_counter()
-        proc(prompt)
-        times["InputProcessor (all of it)"] = time.perf_counter() - t
-        return times
-    return run
+    return {
+        "InputProcessor (all of it)": proc,
+        "image processor, normalising": lambda q: image_processor(images=q["multi_modal_data"]["image"],
+                                                                  return_tensors="pt"),
+        "image processor, raw": lambda q: image_processor(images=q["multi_modal_data"]["image"],
+                                                          return_tensors="pt", **RAW),
+        "tokenizer": lambda q: proc.tokenizer(q["prompt"]),
+    }
 
 
-def measure(llm: LLM, prompts, iters: int, before, where) -> dict:
-    """Median and p90 ms of each part over `iters` calls, each after `before` (with a prompt of its own)."""
-    samples = []
+def timed(fn, prompt) -> float:
+    t = time.perf_counter()
+    fn(prompt)
+    return time.perf_counter() - t
+
+
+def measure(prompts, iters: int, before, where, fn) -> tuple[float, float]:
+    """`fn` alone, `iters` times, each on a fresh prompt right after `before` ran on another."""
+    times = []
     for _ in range(iters):
         before(prompts.image())
-        samples.append(where(parts(llm), prompts.image()))
-    return {k: (ms(statistics.median(s[k] for s in samples)), ms(sorted(s[k] for s in samples)[9 * iters // 10]))
-            for k in samples[0]}
+        times.append(where(lambda q: timed(fn, q), prompts.image()))
+    return summary(times)
 
 
 def ttft_split(llm: LLM, prompts, iters: int) -> dict:
@@ -64,12 +59,12 @@ def ttft_split(llm: LLM, prompts, iters: int) -> dict:
         walls.append(time.perf_counter() - t)
         prep.append(out.metrics.preprocess_time)
         engine.append(out.metrics.first_token_time - out.metrics.arrival_time)
-    return {name: (ms(statistics.median(x)), ms(sorted(x)[9 * iters // 10]))
-            for name, x in (("TTFT wall", walls), ("preprocessing (in LLM.pool)", prep), ("engine", engine))}
+    return {"TTFT wall": summary(walls), "preprocessing (in LLM.pool)": summary(prep), "engine": summary(engine)}
 
 
-def ms(seconds: float) -> float:
-    return round(1e3 * seconds, 2)
+def summary(seconds: list[float]) -> tuple[float, float]:
+    """Median and p90, in ms."""
+    return (round(1e3 * statistics.median(seconds), 2), round(1e3 * sorted(seconds)[9 * len(seconds) // 10], 2))
 
 
 def main() -> None:
@@ -96,7 +91,8 @@ def main() -> None:
                                         (f"in the pool, after {args.idle_ms:g} ms idle", idle, in_pool),
                                         (f"on the main thread, after {args.idle_ms:g} ms idle", idle, on_main),
                                         ("on the main thread, back to back", lambda q: None, on_main)):
-                rows[name] = measure(llm, prompts, args.iters, before, where)
+                rows[name] = {part: measure(prompts, args.iters, before, where, fn)
+                              for part, fn in parts(llm.engine.processor).items()}
     print("\n| where | part | median ms | p90 ms |\n|---|---|---|---|")
     for where, parts_ms in rows.items():
         for part, (median, p90) in parts_ms.items():
