@@ -153,14 +153,15 @@ def test_seeded_requests_repeat_regardless_of_batch():
     assert alone != other_seed, "a different seed should give a different token stream"
 
 
-def test_sample_distribution_matches_softmax_with_temperature():
+@pytest.mark.parametrize("temperature", [0.7, 1.0])  # 1.0 skips the division
+def test_sample_distribution_matches_softmax_with_temperature(temperature):
     torch.manual_seed(8)
     logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.5])
     n = 4000
-    seqs = [make_seq(temperature=0.7)] * n
+    seqs = [make_seq(temperature=temperature)] * n
     tokens = sample(logits.repeat(n, 1), seqs)
     empirical = torch.bincount(tokens, minlength=5).double() / n
-    expected = (logits.double() / 0.7).softmax(-1)
+    expected = (logits.double() / temperature).softmax(-1)
     # standard error <= sqrt(0.25 / 4000) ~ 0.008
     assert (empirical - expected).abs().max() < 0.03, f"empirical {empirical.tolist()} vs {expected.tolist()}"
 

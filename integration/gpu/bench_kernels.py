@@ -19,9 +19,11 @@ from trtllm_qwenvl.kernels.mrope import apply_mrope
 from trtllm_qwenvl.kernels.paged_decode import paged_decode_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
+from trtllm_qwenvl.kernels.silu_mul import silu_mul
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
+from trtllm_qwenvl.layers.fused import silu_and_mul
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -125,6 +127,15 @@ def bench_prologue(n: int) -> dict:
             "bytes": 2 * (2 * q.numel() + 2 * k.numel() + 2 * v.numel()) + n * 8, "flops": 0}
 
 
+def bench_silu_mul(n: int, features: int = 12288) -> dict:
+    """The gated MLP's activation after cuBLAS (Qwen3-VL-8B's intermediate size): inductor's dynamic-shape kernel,
+    as `layers.fused` compiles it, against ours."""
+    gate_up = torch.randn(n, 2 * features, device=DEV, dtype=BF16)
+    torch._dynamo.mark_dynamic(gate_up, 0)
+    return {"kernel": f"silu(gate) * up, {n} x {features}", "torch": time_ms(lambda: silu_and_mul(gate_up)),
+            "triton": time_ms(lambda: silu_mul(gate_up)), "bytes": 3 * n * features * 2, "flops": 0}
+
+
 def bench_mrope(n: int, interleaved: bool) -> dict:
     section = [24, 20, 20] if interleaved else [16, 24, 24]
     rope = MRotaryEmbedding(HEAD_DIM, 32768, 5e6, section, interleaved).to(DEV)
@@ -210,6 +221,8 @@ def cases():
     yield lambda: bench_backend("mixed store+attn, 1x2048 new + 64 decodes L=1024", [(0, 2048)] + [(1023, 1)] * 64)
     yield lambda: bench_prologue(8192)
     yield lambda: bench_prologue(1)
+    yield lambda: bench_silu_mul(1024)
+    yield lambda: bench_silu_mul(8192)
     yield lambda: bench_mrope(8192, interleaved=True)
     yield lambda: bench_mrope(8192, interleaved=False)
     yield lambda: bench_vision_rotary(16384, 72)

@@ -16,11 +16,13 @@ from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, WORKSPACE, paged_deco
 from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
+from trtllm_qwenvl.kernels.silu_mul import silu_mul
 from trtllm_qwenvl.kernels.skinny_gemm import MAX_ROWS, Config, skinny_gemm
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
+from trtllm_qwenvl.layers.fused import silu_and_mul
 from trtllm_qwenvl.layers.linear import linear_op
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
@@ -491,6 +493,23 @@ def test_vit_attention_matches_reference(dtype, head_dim):
     if dtype == torch.bfloat16:
         assert fused_path(q) is not None, "torch.nn.attention.varlen should be present on the GPU box"
     assert err < tol(dtype)
+
+
+# ---- silu_mul (the gated MLP's activation for prefill-sized rows) ------------------------------------------------
+
+@pytest.mark.parametrize("m, features", [(1, 64), (3, 1000), (1024, 12288), (17, 18944)])  # partial blocks included
+def test_silu_mul_matches_torch(m, features):
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    if INTERPRET and m * features > 4096:
+        pytest.skip("interpreter: small shapes")
+    g = torch.Generator(device=DEVICE).manual_seed(m + features)
+    gate_up = (4 * torch.randn(m, 2 * features + 8, device=DEVICE, generator=g)).to(dtype)[:, :2 * features]
+    gate, up = gate_up.double().chunk(2, -1)
+    exact = torch.nn.functional.silu(gate) * up
+    out = silu_mul(gate_up)  # rows strided by 2F + 8
+    err, err_ref = rel_err(out, exact), rel_err(silu_and_mul(gate_up), exact)
+    print(f"silu_mul {m}x{features} {dtype}: {err:.2e} (torch {err_ref:.2e})")
+    assert out.shape == (m, features) and err <= 2 * err_ref + 1e-6
 
 
 # ---- skinny GEMM (decode-sized linear layers) ----------------------------------------------------------------------

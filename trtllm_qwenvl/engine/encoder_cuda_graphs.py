@@ -2,15 +2,23 @@
 
 The model side of the protocol is `VisionTower.prepare` (per-grid tensors, eager and cached) and `VisionTower.run`
 (the blocks and mergers), which a graph replays on static buffers. This side owns the keys: a graph per power of
-two patches (the budget) and per power of two up to it bounding the longest frame (the cap), captured largest first
-in one pool; a batch takes the smallest budget that holds it, then the smallest cap that holds its longest frame.
+two patches (the budget), per power of two up to it bounding the longest frame (the cap), and per bound on the
+frame count (`max_items`, which every image batch fits, and `max_frames`), captured largest first in one pool; a
+batch takes the smallest budget that holds it, then the smallest cap that holds its longest frame, then the
+smaller frame bound that holds its frames.
 
-The cap exists because the varlen kernel launches max-length x segment-count blocks: capped at the budget, eight
-1024-patch images in the 8192 budget would launch 8x the blocks they fill, plus as many for every empty segment
-slot. Padding patches form extra segments that attend only among themselves (zero pixels), no longer than the cap
-(or than Qwen2.5-VL's window for window segments), and the cu_seqlens tail repeats the budget, i.e. empty segments,
+The cap and the frame bound exist because the varlen kernel launches max-length x segment-count blocks: capped at
+the budget, eight 1024-patch images in the 8192 budget would launch 8x the blocks they fill, and every empty
+segment slot launches as many blocks as a full one: one 512px image under a 64-frame bound ran its attention in
+68 us a block on an H100, where the same kernel on one segment takes 39.5 us (perf/results/experiments_*).
+Padding patches form extra segments that attend only among themselves (zero pixels), no longer than the cap (or
+than Qwen2.5-VL's window for window segments), and the cu_seqlens tail repeats the budget, i.e. empty segments,
 so the segment count and max length are fixed per graph. A batch that fits no graph (too many patches, items or
 frames) runs eagerly; `hits` and `misses` count both.
+
+Every graph copies its result into one pair of output buffers sized for the largest budget, so what a graph
+allocates is free for the next capture. With outputs kept per graph, the 8B model's 15 graphs allocated 1.10 GiB;
+the 30 graphs now allocate 0.21 GiB.
 
 Graphs need the fused varlen ViT attention (CUDA, bf16/fp16): the SDPA-per-segment fallback loops over host
 lengths, which a capture would freeze.
@@ -38,14 +46,18 @@ def caps(budget: int, budgets_: list[int]) -> list[int]:
     return [b for b in budgets_ if b <= budget]
 
 
+def frame_bounds(config: EncoderCudaGraphConfig) -> list[int]:
+    return sorted({min(config.max_items, config.max_frames), config.max_frames})
+
+
 class StaticInputs:
     """One graph's inputs: the front rows of the shared buffers, `budget` patch rows in all."""
 
-    def __init__(self, buffers: dict, budget: int, cap: int, tower, max_frames: int):
+    def __init__(self, buffers: dict, budget: int, cap: int, frames: int, tower):
         self.pixels = buffers["pixels"][:budget]
         self.cos, self.sin = buffers["cos"][:budget], buffers["sin"][:budget]
         self.pos = buffers["pos"][:budget] if "pos" in buffers else None
-        self.cu = {kind: buf[:segment_slots(kind, budget, cap, tower.unit, max_frames)]
+        self.cu = {kind: buf[:segment_slots(kind, budget, cap, tower.unit, frames)]
                    for kind, buf in buffers["cu"].items()}
         self.max_len = {kind: tower.max_segment.get(kind, cap) for kind in self.cu}
         self.segments = {kind: Segments([], cu, self.max_len[kind]) for kind, cu in self.cu.items()}
@@ -64,10 +76,10 @@ class StaticInputs:
         return cu
 
 
-def segment_slots(kind: str, budget: int, cap: int, unit: int, max_frames: int) -> int:
-    """cu_seqlens entries per graph: frames are bounded by the config, plus padding pieces of at most `cap`
-    patches; other segments hold at least one merge unit each."""
-    return max_frames + budget // cap + 2 if kind == "frames" else budget // unit + 2
+def segment_slots(kind: str, budget: int, cap: int, unit: int, frames: int) -> int:
+    """cu_seqlens entries per graph: at most `frames` frames plus padding pieces of at most `cap` patches; other
+    segments hold at least one merge unit each."""
+    return frames + budget // cap + 2 if kind == "frames" else budget // unit + 2
 
 
 class EncoderGraphs:
@@ -75,9 +87,10 @@ class EncoderGraphs:
         self.tower = tower
         self.config = config
         self.budgets = budgets(config)
-        self.keys = [(b, c) for b in self.budgets for c in caps(b, self.budgets)]
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], VisionOutput] = {}
+        self.frame_bounds = frame_bounds(config)
+        self.keys = [(b, c, f) for b in self.budgets for c in caps(b, self.budgets) for f in self.frame_bounds]
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.output: VisionOutput | None = None  # every graph's result, in rows of merged tokens
         self.hits = self.misses = 0
         self.buffers = self.allocate(dtype, device)
 
@@ -108,30 +121,42 @@ class EncoderGraphs:
             static = self.static(key)
             for kind, cu in static.cu.items():  # padding covers the whole budget
                 cu.copy_(torch.from_numpy(static.cu_seqlens(kind, [], key[0])))
-            self.tower.run(static.pixels, static.inputs, static.segments)  # compiles outside the capture
+            warm = self.tower.run(static.pixels, static.inputs, static.segments)  # compiles outside the capture
+            if self.output is None:  # the largest budget comes first
+                self.output = VisionOutput(torch.empty_like(warm.embeds), None if warm.deepstack is None
+                                           else torch.empty_like(warm.deepstack))
+            del warm
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[key] = self.tower.run(static.pixels, static.inputs, static.segments)
+                self.publish(self.tower.run(static.pixels, static.inputs, static.segments))
             self.graphs[key] = graph
         torch.cuda.synchronize()
-        logger.info("vision encoder CUDA graphs captured for budgets %s patches, each with frame caps up to it "
-                    "(%d graphs; at most %d items, %d frames)", self.budgets, len(self.keys), self.config.max_items,
-                    self.config.max_frames)
+        logger.info("vision encoder CUDA graphs captured for budgets %s patches, each with frame caps up to it and "
+                    "frame bounds %s (%d graphs; at most %d items)", self.budgets, self.frame_bounds, len(self.keys),
+                    self.config.max_items)
 
-    def static(self, key: tuple[int, int]) -> StaticInputs:
-        return StaticInputs(self.buffers, *key, self.tower, self.config.max_frames)
+    def publish(self, out: VisionOutput) -> None:
+        rows = out.embeds.shape[0]
+        self.output.embeds[:rows].copy_(out.embeds)
+        if out.deepstack is not None:
+            self.output.deepstack[:, :rows].copy_(out.deepstack)
+
+    def static(self, key: tuple[int, int, int]) -> StaticInputs:
+        return StaticInputs(self.buffers, *key, self.tower)
 
     def key_for(self, num_patches: int, grids: list[tuple[int, int, int]],
-                segments: dict[str, list[int]]) -> tuple[int, int] | None:
-        if len(grids) > self.config.max_items or sum(g[0] for g in grids) > self.config.max_frames:
+                segments: dict[str, list[int]]) -> tuple[int, int, int] | None:
+        frames = sum(g[0] for g in grids)
+        if len(grids) > self.config.max_items or frames > self.config.max_frames:
             return None
         budget = next((b for b in self.budgets if b >= num_patches), None)
         if budget is None:
             return None
         longest = max((max(lens, default=0) for kind, lens in segments.items() if kind not in self.tower.max_segment),
                       default=0)
-        return budget, next(c for c in caps(budget, self.budgets) if c >= longest)
+        return (budget, next(c for c in caps(budget, self.budgets) if c >= longest),
+                next(f for f in self.frame_bounds if f >= frames))
 
     def run(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> VisionOutput | None:
         """The tower's output for these items, or None when no graph fits (the caller runs it eagerly)."""
@@ -147,7 +172,7 @@ class EncoderGraphs:
         self.hits += 1
         self.stage(static, to_attention_order(pixels, inputs.order, self.tower.unit), inputs, cu)
         self.graphs[key].replay()
-        out, rows = self.outputs[key], pixels.shape[0] // self.tower.unit
+        out, rows = self.output, pixels.shape[0] // self.tower.unit
         # Copies: the next replay overwrites the graph's outputs, and the encoder cache keeps these.
         result = VisionOutput(out.embeds[:rows].clone(),
                               None if out.deepstack is None else out.deepstack[:, :rows].clone())

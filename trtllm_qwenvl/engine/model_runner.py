@@ -107,7 +107,7 @@ class ModelRunner:
                     len(self.piecewise.sizes), self.piecewise.sizes[-1], len(self.piecewise.pieces))
 
     def build(self, batch: list[ScheduledSeq]):
-        """Host-side step inputs, all numpy: one H2D per array afterwards. Per-token arrays are computed for the
+        """Host-side step inputs, all numpy, staged with one H2D afterwards. Per-token arrays are computed for the
         whole batch at once; only token ids, block-table rows and prompt mRoPE slices are gathered per sequence."""
         n = len(batch)
         starts = np.fromiter((s.start for s in batch), np.int64, n)
@@ -137,7 +137,7 @@ class ModelRunner:
         }
 
     def stage(self, host: dict) -> tuple[dict, AttentionMetadata]:
-        """Copy the step's arrays into the staging buffers (one non-blocking H2D each)."""
+        """Copy the step's arrays to the device through the staging buffers (one non-blocking H2D)."""
         dev = self.staging.put_all({k: v for k, v in host.items() if isinstance(v, np.ndarray)})
         meta = AttentionMetadata(dev["cu_seqlens_q"], dev["seq_lens_k"], dev["block_tables"], dev["slot_mapping"],
                                  dev["token_seq"], dev["token_pos"], host["max_q"], host["max_k"], self.block_size)
@@ -303,6 +303,7 @@ def padding_prefill(size: int, block_size: int) -> dict:
 
 
 def staging_sizes(max_tokens: int, max_batch: int, max_blocks: int) -> dict:
+    """Per-token arrays first: their offsets then depend only on the (padded) token count, which a graph fixes."""
     long, i32 = torch.long, torch.int32
     return {"input_ids": (max_tokens, long), "positions": (3 * max_tokens, long), "slot_mapping": (max_tokens, long),
             "token_seq": (max_tokens, long), "token_pos": (max_tokens, long), "cu_seqlens_q": (max_batch + 1, i32),

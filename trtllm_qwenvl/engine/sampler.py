@@ -30,15 +30,15 @@ def exponential_noise(shape, seqs: list[Sequence], device) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """logits (B, V) fp32 -> token ids (B,)."""
-    greedy = logits.argmax(dim=-1)
-    if all(seq.params.greedy for seq in seqs):
-        return greedy
-    device = logits.device
+    """logits (B, V) fp32 -> token ids (B,). Work no row needs is skipped (the greedy argmax when no row is greedy,
+    the division when every temperature is 1): at decode batch 1 each full-vocab pass costs about 10 us."""
     params = [seq.params for seq in seqs]
+    if all(p.greedy for p in params):
+        return logits.argmax(dim=-1)
+    device = logits.device
     # Per-row settings go up through pinned memory: a plain torch.tensor(..., device=) would sync the step.
-    temps = async_tensor_h2d([p.temperature or 1.0 for p in params], torch.float, device)
-    scaled = logits / temps[:, None]
+    temps = [p.temperature or 1.0 for p in params]
+    scaled = logits if all(t == 1.0 for t in temps) else logits / async_tensor_h2d(temps, torch.float, device)[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):  # the full-vocab sort is the sampler's costliest op
         top_k = async_tensor_h2d([max(p.top_k, 0) for p in params], torch.long, device)
         top_p = async_tensor_h2d([p.top_p for p in params], torch.float, device)
@@ -46,8 +46,10 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     # The exponential race argmax(p / q), q ~ Exp(1), taken in log space as argmax(logit - log q): the same draw
     # without the softmax, a full-vocab pass that at batch 1 took longer than the rest of the sampler together.
     sampled = (scaled - exponential_noise(scaled.shape, seqs, device).log()).argmax(-1)
+    if not any(p.greedy for p in params):
+        return sampled
     is_greedy = async_tensor_h2d([p.greedy for p in params], torch.bool, device)
-    return torch.where(is_greedy, greedy, sampled)
+    return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:

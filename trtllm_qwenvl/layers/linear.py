@@ -1,6 +1,7 @@
 """The LM's linear layer: decode-sized inputs on CUDA go to the skinny GEMM kernel, everything else to cuBLAS.
 `Linear.silu_mul` is the MLP's gate_up projection with its silu(gate) * up folded in: at decode sizes the skinny
-kernel applies the activation in its epilogue, one launch per layer fewer.
+kernel applies the activation in its epilogue, one launch per layer fewer; larger CUDA inputs take the vectorised
+`kernels.silu_mul` after cuBLAS.
 
 The choice depends on the row count, which is symbolic inside the compiled LM body; a Python branch there would
 make dynamo guard on it and compile the body twice. So the compiled body calls one opaque custom op that chooses
@@ -28,7 +29,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sil
         from ..kernels.skinny_gemm import skinny_gemm  # Triton: imported only where a GPU runs it
         return skinny_gemm(x, weight, bias, silu_mul=silu_mul)
     y = F.linear(x, weight, bias)
-    return silu_and_mul(y) if silu_mul else y
+    if not silu_mul:
+        return y
+    if y.is_cuda and y.dim() == 2:
+        from ..kernels.silu_mul import silu_mul as silu_mul_kernel
+        return silu_mul_kernel(y)
+    return silu_and_mul(y)
 
 
 @torch.library.custom_op("trtllm_qwenvl::linear", mutates_args=())

@@ -21,38 +21,53 @@ def async_tensor_h2d(data, dtype: torch.dtype, device: torch.device | str) -> to
 
 
 class StagingBuffers:
-    """Named device buffers sized once from the engine limits, each with a pinned host twin.
+    """A step's host arrays, packed into one pinned buffer and copied to the device with one non-blocking H2D.
 
-    `put` writes a step's array into the twin and copies it with one non-blocking H2D into the front of the
-    device buffer, so a step allocates nothing and the device addresses never change: CUDA graphs read these
-    buffers as their static inputs. Each buffer is flat, so every staged region is one contiguous copy.
-    `put_all` stages a whole step and keeps its twins from being rewritten before its copies have read them.
+    Each named array has a dtype and a maximum size, fixed once from the engine limits, so a step allocates
+    nothing. A step's arrays are laid back to back in the order the sizes were given; an array's offset depends
+    only on the sizes of those before it. CUDA graphs read these views as their static inputs, so the order puts
+    the per-token arrays first: a decode step padded to a captured batch size, whose every shape that size fixes,
+    and a prefill step padded to a captured token count, whose per-token arrays that count fixes, find their
+    arrays at the addresses the graph recorded. One copy per step rather than one per array: at decode batch 1
+    each copy took about 3 us of the GPU's step, a dozen of them.
     """
 
     def __init__(self, sizes: dict[str, tuple[int, torch.dtype]], device: torch.device):
-        self.device = device
+        self.sizes = sizes
+        total = sum(aligned(n * dtype.itemsize) for n, dtype in sizes.values())
         self.on_cpu = device.type == "cpu"
-        self.device_bufs = {name: torch.zeros(n, dtype=dtype, device=device) for name, (n, dtype) in sizes.items()}
-        self.host_bufs = {} if self.on_cpu else {
-            name: torch.zeros(n, dtype=dtype, pin_memory=True) for name, (n, dtype) in sizes.items()}
+        self.device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.host_bytes = self.device_bytes if self.on_cpu else torch.zeros(total, dtype=torch.uint8,
+                                                                            pin_memory=True)
         self.copied = None if self.on_cpu else torch.cuda.Event()
 
     def put_all(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """`put` each array. With the overlap scheduler the host stages a step while the GPU may not yet have run
-        the previous step's copies out of the same twins, so this first waits for those copies (by then they are
-        next in the stream, so the wait is short)."""
+        """Device views of `arrays` (same shapes, the buffers' dtypes). With the overlap scheduler the host stages
+        a step while the GPU may not yet have run the previous step's copy out of the same pinned buffer, so this
+        first waits for that copy (by then it is next in the stream, so the wait is short)."""
+        unknown = set(arrays) - set(self.sizes)
+        if unknown:
+            raise KeyError(f"no staging buffer for {sorted(unknown)}")
         if self.copied is not None:
             self.copied.synchronize()
-        dev = {name: self.put(name, data) for name, data in arrays.items()}
-        if self.copied is not None:
+        offset, places = 0, {}
+        for name, (limit, dtype) in self.sizes.items():
+            data = arrays.get(name)
+            if data is None:
+                continue
+            if data.size > limit:
+                raise ValueError(f"{name} has {data.size} entries, more than its staging buffer's {limit}")
+            places[name] = (offset, dtype, data.shape)
+            end = offset + data.size * dtype.itemsize
+            self.host_bytes[offset:end].view(dtype).numpy()[:] = data.reshape(-1)
+            offset = aligned(end)
+        if not self.on_cpu and offset:
+            self.device_bytes[:offset].copy_(self.host_bytes[:offset], non_blocking=True)
             self.copied.record()
-        return dev
+        return {name: self.device_bytes[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)
+                for name, (start, dtype, shape) in places.items()}
 
-    def put(self, name: str, data: np.ndarray) -> torch.Tensor:
-        """The device view of `data` (same shape) at the front of buffer `name`."""
-        dst = self.device_bufs[name][:data.size]
-        if self.on_cpu:
-            return dst.copy_(torch.from_numpy(data.reshape(-1))).view(data.shape)
-        src = self.host_bufs[name][:data.size]
-        src.numpy()[:] = data.reshape(-1)
-        return dst.copy_(src, non_blocking=True).view(data.shape)
+
+def aligned(nbytes: int, to: int = 16) -> int:
+    """Offsets stay 16-byte aligned, so every dtype's view of them is aligned too."""
+    return -(-nbytes // to) * to
