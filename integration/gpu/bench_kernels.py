@@ -23,7 +23,7 @@ from trtllm_qwenvl.kernels.silu_mul import silu_mul
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import TorchPagedAttention, TritonPagedAttention
-from trtllm_qwenvl.layers.fused import silu_and_mul
+from trtllm_qwenvl.layers.linear import silu_and_mul
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -128,10 +128,9 @@ def bench_prologue(n: int) -> dict:
 
 
 def bench_silu_mul(n: int, features: int = 12288) -> dict:
-    """The gated MLP's activation after cuBLAS (Qwen3-VL-8B's intermediate size): inductor's dynamic-shape kernel,
-    as `layers.fused` compiles it, against ours."""
+    """The gated MLP's activation after cuBLAS (Qwen3-VL-8B's intermediate size): the eager torch reference (two
+    kernels) against ours."""
     gate_up = torch.randn(n, 2 * features, device=DEV, dtype=BF16)
-    torch._dynamo.mark_dynamic(gate_up, 0)
     return {"kernel": f"silu(gate) * up, {n} x {features}", "torch": time_ms(lambda: silu_and_mul(gate_up)),
             "triton": time_ms(lambda: silu_mul(gate_up)), "bytes": 3 * n * features * 2, "flops": 0}
 

@@ -22,8 +22,7 @@ from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
-from trtllm_qwenvl.layers.fused import silu_and_mul
-from trtllm_qwenvl.layers.linear import linear_op
+from trtllm_qwenvl.layers.linear import linear_op, silu_and_mul
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps

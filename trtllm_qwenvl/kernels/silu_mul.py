@@ -3,10 +3,10 @@
 Each program takes BLOCK features of one row, eight per thread, so every load and store is a 16-byte vector.
 Inductor's dynamic-shape kernel for the same two ops used two elements per thread and took 49.6 us a call at
 1024 x 12288 on an H100, about half the copy rate for its 75 MB; at 8192 rows this kernel took 234 us a call
-against its 426 (perf/results/experiments_*). The arithmetic is in fp32, rounded once, as inductor's kernel did. Decode-sized rows never come here: the
-skinny GEMM applies the activation in its epilogue.
+against its 426 (perf/results/experiments_*). The arithmetic is in fp32, rounded once, as inductor's kernel did.
+Decode-sized rows never come here: the skinny GEMM applies the activation in its epilogue.
 
-The torch reference is `layers.fused.silu_and_mul`.
+The torch reference is `layers.linear.silu_and_mul`.
 """
 import torch
 import triton

@@ -10,7 +10,6 @@ A function that dynamo still cannot serve (its recompile limit, say) falls back 
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from ..utils.logging import logger
 
@@ -32,9 +31,3 @@ def fused_on_cuda(fn):
                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return fn(x, *args)
     return call
-
-
-@fused_on_cuda
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

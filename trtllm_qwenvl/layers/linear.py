@@ -12,8 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused import silu_and_mul
-
 
 SKINNY_MAX_ROWS = 16  # kernels.skinny_gemm.MAX_ROWS, not imported here: Triton is GPU-only
 
@@ -31,10 +29,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sil
     y = F.linear(x, weight, bias)
     if not silu_mul:
         return y
-    if y.is_cuda and y.dim() == 2:
+    if y.is_cuda:
         from ..kernels.silu_mul import silu_mul as silu_mul_kernel
-        return silu_mul_kernel(y)
+        return silu_mul_kernel(y.view(-1, y.shape[-1])).view(*y.shape[:-1], -1)
     return silu_and_mul(y)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a gate_up projection's output [gate, up]: the CPU path and the kernel's reference."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 @torch.library.custom_op("trtllm_qwenvl::linear", mutates_args=())

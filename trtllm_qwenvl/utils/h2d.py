@@ -50,22 +50,21 @@ class StagingBuffers:
             raise KeyError(f"no staging buffer for {sorted(unknown)}")
         if self.copied is not None:
             self.copied.synchronize()
-        offset, places = 0, {}
+        offset, views = 0, {}
         for name, (limit, dtype) in self.sizes.items():
             data = arrays.get(name)
             if data is None:
                 continue
             if data.size > limit:
                 raise ValueError(f"{name} has {data.size} entries, more than its staging buffer's {limit}")
-            places[name] = (offset, dtype, data.shape)
             end = offset + data.size * dtype.itemsize
             self.host_bytes[offset:end].view(dtype).numpy()[:] = data.reshape(-1)
+            views[name] = self.device_bytes[offset:end].view(dtype).view(data.shape)
             offset = aligned(end)
         if not self.on_cpu and offset:
             self.device_bytes[:offset].copy_(self.host_bytes[:offset], non_blocking=True)
             self.copied.record()
-        return {name: self.device_bytes[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)
-                for name, (start, dtype, shape) in places.items()}
+        return views
 
 
 def aligned(nbytes: int, to: int = 16) -> int:
