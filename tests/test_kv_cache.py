@@ -176,3 +176,12 @@ def test_allocate_with_hits_fails_and_takes_nothing_when_pool_short():
     assert not bm.allocate(seq, hits, 2 * BS)  # 2 cached (free) + 2 fresh > 3 blocks
     assert bm.num_free_blocks == 3 and seq.block_table == []
     assert bm.match_prefix(make_seq(seq.token_ids)) == hits, "a failed allocate must not evict the cache"
+
+
+def test_holds_media_while_a_cached_block_has_its_tokens():
+    bm = BlockManager(4, BS, enable_reuse=True)
+    run_and_cache(bm, make_seq([1, IMG, IMG, 2, 3, 4, 5, 6, 7], [image(1, 2, hash_=42)]))
+    assert bm.holds_media(42) and not bm.holds_media(43)
+    for _ in range(bm.num_blocks):  # every cached block evicted for new work
+        bm.take_free()
+    assert not bm.holds_media(42)

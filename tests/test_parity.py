@@ -128,3 +128,55 @@ def test_preemption(arch, checkpoints, ref, prompts):
     assert free_slots == llm.args.max_batch_size
     for name, out in zip(SCENARIOS, outs):
         assert out.outputs[0].token_ids == ref.greedy(prompts[name]), name
+
+
+@pytest.fixture(scope="module")
+def llm_no_reuse(arch, checkpoints):
+    with LLM(checkpoints(arch), dtype="float32", kv_cache_config={"tokens_per_block": 16,
+                                                                  "enable_block_reuse": False}) as llm:
+        yield llm
+
+
+def test_media_encoded_early_once(llm_no_reuse, ref, prompts):
+    """The processor announces the image and the video before tokenizing; the engine encodes them then, and the
+    request finds them cached."""
+    enc = llm_no_reuse.engine.encoder
+    early, encoded = enc.items_encoded_early, enc.items_encoded
+    out = llm_no_reuse.generate(prompts["image_video"], GREEDY, use_tqdm=False)
+    assert enc.items_encoded_early - early == 2 and enc.items_encoded - encoded == 2
+    assert not enc.unclaimed and not enc.cache  # claimed by the request, released when it finished
+    assert out.outputs[0].token_ids == ref.greedy(prompts["image_video"])
+
+
+def test_unclaimed_early_outputs_are_bounded(llm_no_reuse, prompts):
+    """Outputs no request claims (its preprocessing failed after the announcement) leave the cache oldest first."""
+    engine = llm_no_reuse.engine
+    engine.processor.on_media = None  # build the items without announcing them
+    try:
+        first, second = engine.processor(prompts["two_images"]).mm_items
+    finally:
+        engine.processor.on_media = llm_no_reuse.loop.encode_early
+    enc = engine.encoder
+    with llm_no_reuse.loop.wake:  # the engine thread waits while this one drives it
+        bound, enc.max_unclaimed_tokens = enc.max_unclaimed_tokens, max(first.num_tokens, second.num_tokens)
+        try:
+            engine.encode_early([first])
+            assert first.hash in enc.cache
+            engine.encode_early([second])
+            assert list(enc.unclaimed) == [second.hash] and set(enc.cache) == {second.hash}
+        finally:
+            enc.max_unclaimed_tokens = bound
+            enc.unclaimed.clear()
+            enc.cache.clear()
+
+
+def test_prefix_cached_media_not_encoded_early(llm, ref, prompts):
+    """A prompt whose image the prefix cache holds may not use its embeddings: no early encode for it (its step
+    encodes the image if the uncached chunk still holds some of its tokens)."""
+    llm.generate(prompts["image"], GREEDY, use_tqdm=False)
+    enc = llm.engine.encoder
+    early = enc.items_encoded_early
+    out = llm.generate(prompts["image"], GREEDY, use_tqdm=False)
+    assert out.num_cached_tokens > 0
+    assert enc.items_encoded_early == early
+    assert out.outputs[0].token_ids == ref.greedy(prompts["image"])

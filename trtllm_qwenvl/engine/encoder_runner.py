@@ -1,4 +1,13 @@
-"""Runs the vision tower once per media item, batched across requests, and caches outputs by content hash."""
+"""Runs the vision tower once per media item, batched across requests, and caches outputs by content hash.
+
+Items can also be encoded early: the input processor announces them as soon as their pixels exist, and the engine
+thread encodes them between steps, while the rest of that request's preprocessing (tokenizer, mRoPE positions)
+still runs. When the request arrives its items are cached and its first step goes straight to the LM. An early
+output no request has claimed yet is held in arrival order up to `max_unclaimed_tokens` rows (the engine's
+`max_num_tokens`); past that the oldest leave the cache (a request that failed after its media were announced never
+claims them). An item with more rows than that is left to its request.
+"""
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,12 +38,15 @@ def overlap(item: MMItem, start: int, end: int) -> tuple[int, int]:
 
 
 class EncoderRunner:
-    def __init__(self, model, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, max_unclaimed_tokens: int):
         self.model = model
         self.device = device
         self.dtype = dtype
         self.cache: dict[int, VisionOutput] = {}
         self.users: dict[int, set[int]] = {}
+        self.unclaimed: OrderedDict[int, int] = OrderedDict()  # early outputs no sequence uses yet: hash -> rows
+        self.max_unclaimed_tokens = max_unclaimed_tokens
+        self.items_encoded_early = 0
         self.timer = DeviceTimer(device)
         self.items_encoded = 0
         self.graphs: EncoderGraphs | None = None
@@ -62,11 +74,26 @@ class EncoderRunner:
         todo = {}
         for s, item, _, _ in needed:
             self.users.setdefault(item.hash, set()).add(s.seq.seq_id)
+            self.unclaimed.pop(item.hash, None)
             if item.hash not in self.cache:
                 todo.setdefault(item.hash, item)
         if todo:
             self.encode(list(todo.values()))
         return self.gather(needed, batch)
+
+    def encode_early(self, items: list[MMItem]) -> None:
+        """Encode announced items not cached yet and hold their outputs for the requests to come."""
+        todo = {item.hash: item for item in items
+                if item.hash not in self.cache and self.rows(item) <= self.max_unclaimed_tokens}
+        if not todo:
+            return
+        self.encode(list(todo.values()))
+        self.items_encoded_early += len(todo)
+        for key in todo:
+            self.unclaimed[key] = self.cache[key].embeds.shape[0]
+        while sum(self.unclaimed.values()) > self.max_unclaimed_tokens:
+            key, _ = self.unclaimed.popitem(last=False)
+            self.cache.pop(key, None)
 
     @torch.inference_mode()
     def encode(self, items: list[MMItem]) -> None:
@@ -76,12 +103,16 @@ class EncoderRunner:
             out = self.graphs.run(pixels, grids) if self.graphs is not None and self.use_graphs else None
             if out is None:
                 out = self.model.encode(pixels, grids)
-        sizes = [item.num_tokens for item in items]
+        sizes = [self.rows(item) for item in items]
         embeds = out.embeds.split(sizes)
         deepstack = out.deepstack.split(sizes, dim=1) if out.deepstack is not None else [None] * len(items)
         for item, e, d in zip(items, embeds, deepstack):
             self.cache[item.hash] = VisionOutput(e, d)
         self.items_encoded += len(items)
+
+    def rows(self, item: MMItem) -> int:
+        """Embedding rows (LM tokens) of an item, known before its prompt positions are."""
+        return int(np.prod(item.grid_thw)) // self.model.visual.unit
 
     def upload(self, items: list[MMItem]) -> torch.Tensor:
         """The items' pixels on the device in the tower's dtype, normalised there from their raw values."""

@@ -27,6 +27,12 @@ class EngineLoop:
             self.pending.append(("add", seq, callback))
             self.wake.notify()
 
+    def encode_early(self, items: list) -> None:
+        """Media of a request still being preprocessed: encoded before the next step (any thread)."""
+        with self.wake:
+            self.pending.append(("encode", items, None))
+            self.wake.notify()
+
     def abort(self, request_id: str) -> None:
         with self.wake:
             self.pending.append(("abort", request_id, None))
@@ -44,7 +50,10 @@ class EngineLoop:
                 self.wake.wait()
             commands, self.pending = list(self.pending), deque()
         outputs = []
+        self.encode([item for kind, items, _ in commands if kind == "encode" for item in items])
         for kind, arg, callback in commands:
+            if kind == "encode":
+                continue
             if kind == "add":
                 self.callbacks[arg.request_id] = callback
                 self.engine.add(arg)
@@ -52,6 +61,16 @@ class EngineLoop:
                 out = self.engine.abort(arg)
                 outputs += [out] if out else []
         return outputs
+
+    def encode(self, items: list) -> None:
+        """All announced media of one drain in one tower call. A failure only costs the head start: the requests
+        encode their media again in their own steps, which report errors per request."""
+        if not items:
+            return
+        try:
+            self.engine.encode_early(items)
+        except Exception:
+            logger.exception("early vision encode failed")
 
     def run(self) -> None:
         while not self.stopped:

@@ -8,7 +8,7 @@ Hybrid models (linear attention) also need the recurrent state at the end of the
 there is the longest block match whose last block has a state snapshot (`StateSnapshots`), and prefills save
 snapshots at the block boundaries worth reusing (`snapshot_points`).
 """
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 import xxhash
@@ -18,13 +18,14 @@ from .state_snapshots import StateSnapshots
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "key", "token_ids")
+    __slots__ = ("block_id", "ref_count", "key", "token_ids", "media")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.key: int | None = None
         self.token_ids: tuple[int, ...] = ()
+        self.media: list[int] = []  # hashes of the media items with tokens in it, while it is in the cache
 
 
 def block_key(prev: int, token_ids: list[int], media_hashes: list[int]) -> int:
@@ -60,6 +61,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: deque[int] = deque(range(num_blocks))
         self.cached: dict[int, int] = {}  # key -> block id, for computed full blocks
+        self.media_blocks: Counter[int] = Counter()  # media hash -> cached blocks holding its tokens
         self.hit_tokens = 0
         self.queried_tokens = 0
 
@@ -70,6 +72,10 @@ class BlockManager:
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+    def holds_media(self, media_hash: int) -> bool:
+        """Whether cached blocks hold tokens of this media item: a prompt with it may hit the prefix cache."""
+        return media_hash in self.media_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -152,7 +158,11 @@ class BlockManager:
         block = self.blocks[self.free_ids.popleft()]
         if block.key is not None and self.cached.get(block.key) == block.block_id:
             del self.cached[block.key]  # evict: the least recently freed cached block is reused first
-        block.key, block.token_ids = None, ()
+            for media_hash in block.media:
+                self.media_blocks[media_hash] -= 1
+                if not self.media_blocks[media_hash]:
+                    del self.media_blocks[media_hash]
+        block.key, block.token_ids, block.media = None, (), []
         block.ref_count = 1
         return block.block_id
 
@@ -169,7 +179,9 @@ class BlockManager:
                 continue
             block.key = self.key_of(seq, i)
             block.token_ids = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            self.cached.setdefault(block.key, block.block_id)
+            if self.cached.setdefault(block.key, block.block_id) == block.block_id:
+                block.media = media_in_block(seq, i * self.block_size, (i + 1) * self.block_size)
+                self.media_blocks.update(block.media)
 
     def free(self, seq: Sequence) -> None:
         for key in seq.pending_snapshots:

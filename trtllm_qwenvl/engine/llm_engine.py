@@ -102,7 +102,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, kv.tokens_per_block, reuse, snapshots)
         self.scheduler = Scheduler(self.blocks, args.max_batch_size, args.max_num_tokens, args.enable_chunked_prefill,
                                    self.state_pool)
-        self.encoder = EncoderRunner(self.model, self.device, self.dtype)
+        self.encoder = EncoderRunner(self.model, self.device, self.dtype, args.max_num_tokens)
         self.runner = ModelRunner(self.model, self.device, self.dtype, num_blocks, kv.tokens_per_block,
                                   args.max_num_tokens, args.max_batch_size, self.max_seq_len)
         self.log_memory("KV cache allocated")
@@ -184,6 +184,18 @@ class LLMEngine:
         seq = self.states[request_id][0]
         self.finish(seq, "abort")
         return self.output(seq, "", [])
+
+    def encode_early(self, items: list) -> None:
+        """Encode media announced by the input processor before their request arrives. Only while no request
+        waits: the new one will then be scheduled on arrival, and its head start is TTFT; behind a queue the
+        output would only sit in memory. Media the prefix cache holds are skipped (the request would then likely
+        not need their embeddings)."""
+        if self.model.visual is None or self.scheduler.waiting:
+            return
+        fresh = [item for item in items if not self.blocks.holds_media(item.hash)]
+        if fresh:
+            with nvtx_range("vision_encode_early"):
+                self.encoder.encode_early(fresh)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.in_flight is not None

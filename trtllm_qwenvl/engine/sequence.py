@@ -20,7 +20,8 @@ class Status(Enum):
 @dataclass
 class MMItem:
     """One image or video after the HF processor: raw pixels, which `norm` turns into the processor's pixels on the
-    encoder's device. `positions` are the prompt indices its embeddings fill."""
+    encoder's device. `positions` are the prompt indices its embeddings fill (none yet when it is announced for an
+    early encode, before the prompt is tokenized)."""
     modality: str
     pixel_values: torch.Tensor
     norm: PixelNorm

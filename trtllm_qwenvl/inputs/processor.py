@@ -6,9 +6,13 @@ with video run the whole HF processor, whose video text (per-frame timestamps) i
 except the pixels' rescale and normalise, which the encoder applies on the device (`pixels.PixelNorm`). (The whole
 image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then
 sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
+
+Media go to `on_media` (the engine's early encode) as soon as their pixels and content hashes exist, before the
+prompt is tokenized and its mRoPE positions computed, so the vision tower runs while the rest of preprocessing does.
 """
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,6 +23,7 @@ from .mrope import MRopeSpec, get_rope_index, text_positions
 from .pixels import RAW, PixelNorm
 
 PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+NO_POSITIONS = np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -54,6 +59,7 @@ class InputProcessor:
         self._processor = None
         self.loading = threading.Lock()
         self.norms: dict[str, PixelNorm] = {}
+        self.on_media: Callable[[list[MMItem]], None] | None = None  # items without prompt positions yet
 
     @property
     def processor(self):
@@ -95,24 +101,28 @@ class InputProcessor:
     def multimodal(self, text: str, media: dict, uuids: dict) -> ProcessedPrompt:
         images = media.get("image", [])
         videos = [Video.of(v) for v in media.get("video", [])]
-        out = self.process(text, images, videos)
+        out = self.process(text, images, videos, uuids)
         ids = np.asarray(out["input_ids"][0])
-        image_grids = on_host(out["image_grid_thw"]) if images else None
-        video_grids = on_host(out["video_grid_thw"]) if videos else None
+        grids = {"image": on_host(out["image_grid_thw"]) if images else None,
+                 "video": on_host(out["video_grid_thw"]) if videos else None}
         seconds = on_host(out["second_per_grid_ts"]).astype(np.float64) if "second_per_grid_ts" in out else None
-        positions, delta = get_rope_index(self.spec, ids, image_grids, video_grids, seconds)
-        items = self.items(ids, "image", self.stage(out.get("pixel_values")), image_grids, None,
-                           uuids.get("image")) + \
-            self.items(ids, "video", self.stage(out.get("pixel_values_videos")), video_grids, seconds,
-                       uuids.get("video"))
+        positions, delta = get_rope_index(self.spec, ids, grids["image"], grids["video"], seconds)
+        items = [MMItem(i.modality, i.pixel_values, i.norm, i.grid_thw, places, i.hash)
+                 for modality, found in out["items"].items()
+                 for i, places in zip(found, self.places(ids, modality, found))]
         return ProcessedPrompt(ids.tolist(), items, positions, delta, text)
 
-    def process(self, text: str, images: list, videos: list[Video]):
+    def process(self, text: str, images: list, videos: list[Video], uuids: dict):
         """Token ids and raw pixels (resized and patchified, not rescaled or normalised) with the HF processor's
         output keys: ids as lists (HF's tensor conversion walks them in Python, about 3 ms per 1k tokens), pixels as
-        CPU tensors. Media it cannot process raise ValueError."""
+        CPU tensors; and under "items" the media items, announced to `on_media` as soon as their pixels exist.
+        Media it cannot process raise ValueError."""
         try:
-            return self.process_videos(text, images, videos) if videos else self.process_images(text, images)
+            if videos:
+                out = self.process_videos(text, images, videos)
+                out["items"] = self.announce(out, uuids)
+                return out
+            return self.process_images(text, images, uuids)
         except (ValueError, TypeError, OSError) as e:
             raise ValueError(f"could not process the media: {e}") from e
 
@@ -127,38 +137,54 @@ class InputProcessor:
             kwargs["images_kwargs"] = {"return_tensors": "pt", **RAW}
         return self.processor(text=[text], **kwargs)
 
-    def process_images(self, text: str, images: list) -> dict:
+    def process_images(self, text: str, images: list, uuids: dict) -> dict:
         """`process` for images alone, with the HF processor's output keys: the image processor's pixels and grids,
         and the prompt tokenized as written with each placeholder repeated to its image's token count. Special
         tokens are split off before BPE, so the ids equal those of the expanded text; skipping the HF processor's
         kwargs handling and the repeats' tokenization saved 0.65-1.0 ms per 1000-token prompt on the H100 host
         (perf/results/experiments_*)."""
         out = self.processor.image_processor(images=images, return_tensors="pt", **RAW)
+        out["items"] = self.announce(out, uuids)
         ids = np.asarray(self.tokenizer(text)["input_ids"])
         places = ids == self.spec.image_token_id
         repeats = np.ones(len(ids), dtype=np.int64)
         repeats[places] = on_host(out["image_grid_thw"]).prod(-1) // self.spec.spatial_merge_size ** 2
         return {"input_ids": [np.repeat(ids, repeats)], **out}
 
-    def stage(self, pixels: torch.Tensor | None) -> torch.Tensor | None:
-        return pixels.pin_memory() if pixels is not None and self.pin_pixels else pixels
+    def announce(self, out, uuids: dict) -> dict[str, list[MMItem]]:
+        """The processor output's media items (content-hashed, pixels staged, no prompt positions yet), handed to
+        `on_media` at once."""
+        seconds = on_host(out["second_per_grid_ts"]) if "second_per_grid_ts" in out else None
+        items = {"image": self.pieces("image", out.get("pixel_values"), out.get("image_grid_thw"), None,
+                                      uuids.get("image")),
+                 "video": self.pieces("video", out.get("pixel_values_videos"), out.get("video_grid_thw"), seconds,
+                                      uuids.get("video"))}
+        if self.on_media is not None and (items["image"] or items["video"]):
+            self.on_media(items["image"] + items["video"])
+        return items
 
-    def items(self, ids: np.ndarray, modality: str, pixels, grids, seconds, uuids) -> list[MMItem]:
+    def pieces(self, modality: str, pixels, grids, seconds, uuids) -> list[MMItem]:
         if grids is None:
             return []
-        token = self.spec.image_token_id if modality == "image" else self.spec.video_token_id
-        places = np.flatnonzero(ids == token)
-        merge = self.spec.spatial_merge_size ** 2
-        items, patch, tok = [], 0, 0
-        for i, grid in enumerate(grids):
+        pixels = pixels.pin_memory() if self.pin_pixels else pixels
+        items, patch = [], 0
+        for i, grid in enumerate(on_host(grids)):
             grid = tuple(int(g) for g in grid)
-            n_patches, n_tokens = int(np.prod(grid)), int(np.prod(grid)) // merge
+            n_patches = int(np.prod(grid))
             px = pixels[patch:patch + n_patches]
             extra = float(seconds[i]) if seconds is not None else 0.0
             key = hash_media(modality, px, grid, extra, uuids[i] if uuids else None)
-            items.append(MMItem(modality, px, self.norms[modality], grid, places[tok:tok + n_tokens], key))
-            patch, tok = patch + n_patches, tok + n_tokens
+            items.append(MMItem(modality, px, self.norms[modality], grid, NO_POSITIONS, key))
+            patch += n_patches
         return items
+
+    def places(self, ids: np.ndarray, modality: str, items: list[MMItem]) -> list[np.ndarray]:
+        """Each item's prompt indices: its run of the modality's placeholder token, in order."""
+        token = self.spec.image_token_id if modality == "image" else self.spec.video_token_id
+        found = np.flatnonzero(ids == token)
+        merge = self.spec.spatial_merge_size ** 2
+        bounds = np.cumsum([0] + [int(np.prod(i.grid_thw)) // merge for i in items])
+        return [found[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def on_host(x) -> np.ndarray:

@@ -4,6 +4,12 @@ chunk, every cached-prefix key visible, GQA.
 One program owns a tile of query tokens of one sequence for one KV head, and stacks that head's whole query group
 into the tile's rows (row r = token r // group, head r % group): each K/V tile is loaded once for the group
 instead of once per query head. The torch reference is `layers.attention_backends.TorchPagedAttention`.
+
+Under the causal mask a tile's work grows with its position, so launch order matters. For chunks of up to 4096
+tokens the grid runs heaviest first with the KV heads fastest: every head's last tile starts in the first wave and
+the light tiles fill the tail. One 1000-token chunk at the Qwen3-VL-8B shape took 32.9 us against 44.9 in
+position order on an H100 (perf/results/experiments_*). Longer chunks keep position order with a head's tiles
+adjacent, whose shared key prefix stays in L2: at 8192 tokens heaviest-first was 6% slower.
 """
 import torch
 import triton
@@ -11,14 +17,20 @@ import triton.language as tl
 
 from .paged_kv import LOG2E, attend_tile, dot_precision
 
+HEAVY_FIRST_MAX_TOKENS = 4096
+
 
 @triton.jit
 def prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, seq_lens_ptr, tables_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head, stride_table,
                    scale_log2,
                    GROUP: tl.constexpr, TOKENS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    tile, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    if HEAVY_FIRST:
+        kv_head, seq = tl.program_id(0), tl.program_id(2)
+        tile = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        tile, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     m0 = tile * TOKENS
@@ -76,10 +88,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // kv_heads
     tiles = prefill_tiles(q.dtype, head_dim, group)
-    grid = (triton.cdiv(max_seqlen_q, tiles["TOKENS"]), seq_lens_k.shape[0], kv_heads)
+    num_tiles, seqs = triton.cdiv(max_seqlen_q, tiles["TOKENS"]), seq_lens_k.shape[0]
+    heavy_first = max_seqlen_q <= HEAVY_FIRST_MAX_TOKENS
+    grid = (kv_heads, num_tiles, seqs) if heavy_first else (num_tiles, seqs, kv_heads)
     prefill_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens_k, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale * LOG2E, GROUP=group, HEAD_DIM=head_dim, PAGE=page, PRECISION=dot_precision(q.dtype),
-        num_stages=2, **tiles)
+        HEAVY_FIRST=heavy_first, num_stages=2, **tiles)

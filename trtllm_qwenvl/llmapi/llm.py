@@ -31,6 +31,7 @@ class LLM:
         self.media_loader = MediaLoader(MediaRules.from_args(self.args))
         self.pool = ThreadPoolExecutor(self.args.preprocess_workers, thread_name_prefix="trtllm-qwenvl-preprocess")
         self.loop = EngineLoop(self.engine)
+        self.engine.processor.on_media = self.loop.encode_early
 
     # ---- preparing requests ---------------------------------------------------------------------------------
     def prepare(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> list[Sequence]:
