@@ -32,11 +32,6 @@ class StepMedia:
     deepstack: torch.Tensor | None
 
 
-def overlap(item: MMItem, start: int, end: int) -> tuple[int, int]:
-    """The item's embedding rows [lo, hi) whose tokens fall in the chunk [start, end)."""
-    return int(np.searchsorted(item.positions, start)), int(np.searchsorted(item.positions, end))
-
-
 class EncoderRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, max_unclaimed_tokens: int):
         self.model = model
@@ -62,7 +57,7 @@ class EncoderRunner:
     def items_in(self, batch: list[ScheduledSeq]):
         for s in batch:
             for item in s.seq.mm_items:
-                lo, hi = overlap(item, s.start, s.end)
+                lo, hi = item.rows_in(s.start, s.end)
                 if hi > lo:
                     yield s, item, lo, hi
 
@@ -89,8 +84,8 @@ class EncoderRunner:
             return
         self.encode(list(todo.values()))
         self.items_encoded_early += len(todo)
-        for key in todo:
-            self.unclaimed[key] = self.cache[key].embeds.shape[0]
+        for key, item in todo.items():
+            self.unclaimed[key] = self.rows(item)
         while sum(self.unclaimed.values()) > self.max_unclaimed_tokens:
             key, _ = self.unclaimed.popitem(last=False)
             self.cache.pop(key, None)

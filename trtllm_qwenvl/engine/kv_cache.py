@@ -38,8 +38,8 @@ def block_key(prev: int, token_ids: list[int], media_hashes: list[int]) -> int:
 
 
 def media_in_block(seq: Sequence, start: int, end: int) -> list[int]:
-    return [item.hash for item in seq.mm_items
-            if np.any((item.positions >= start) & (item.positions < end))]
+    spans = ((item.hash, *item.rows_in(start, end)) for item in seq.mm_items)
+    return [media_hash for media_hash, lo, hi in spans if lo < hi]
 
 
 def snapshot_points(seq: Sequence, block_size: int) -> list[int]:

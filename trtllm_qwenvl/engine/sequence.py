@@ -33,6 +33,10 @@ class MMItem:
     def num_tokens(self) -> int:
         return len(self.positions)
 
+    def rows_in(self, start: int, end: int) -> tuple[int, int]:
+        """Its embedding rows [lo, hi) whose tokens fall in the prompt range [start, end) (positions ascend)."""
+        return int(np.searchsorted(self.positions, start)), int(np.searchsorted(self.positions, end))
+
 
 @dataclass
 class ProcessedPrompt:

@@ -119,14 +119,12 @@ class InputProcessor:
         Media it cannot process raise ValueError."""
         try:
             if videos:
-                out = self.process_videos(text, images, videos)
-                out["items"] = self.announce(out, uuids)
-                return out
+                return self.process_videos(text, images, videos, uuids)
             return self.process_images(text, images, uuids)
         except (ValueError, TypeError, OSError) as e:
             raise ValueError(f"could not process the media: {e}") from e
 
-    def process_videos(self, text: str, images: list, videos: list[Video]):
+    def process_videos(self, text: str, images: list, videos: list[Video], uuids: dict):
         """The whole HF processor: the text it writes for a video (per-frame timestamps) is its own."""
         kwargs = {"videos": [v.frames for v in videos],
                   "video_metadata": [{"fps": v.fps, "total_num_frames": len(v.frames),
@@ -135,7 +133,9 @@ class InputProcessor:
         if images:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"return_tensors": "pt", **RAW}
-        return self.processor(text=[text], **kwargs)
+        out = self.processor(text=[text], **kwargs)
+        out["items"] = self.announce(out, uuids)
+        return out
 
     def process_images(self, text: str, images: list, uuids: dict) -> dict:
         """`process` for images alone, with the HF processor's output keys: the image processor's pixels and grids,
