@@ -19,6 +19,7 @@ from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
 from trtllm_qwenvl.kernels.silu_mul import silu_mul
 from trtllm_qwenvl.kernels.skinny_gemm import MAX_ROWS, Config, skinny_gemm
+from trtllm_qwenvl.kernels.varlen_attention import varlen_attention
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
@@ -494,8 +495,26 @@ def test_vit_attention_matches_reference(dtype, head_dim):
     err = rel_err(out, ref)
     print(f"vit attention d={head_dim} {dtype} via {fused_path(q) or 'sdpa'}: {err:.2e}")
     if dtype == torch.bfloat16:
-        assert fused_path(q) is not None, "torch.nn.attention.varlen should be present on the GPU box"
+        assert fused_path(q) is not None, "the Triton kernel or torch.nn.attention.varlen should serve bf16"
     assert err < tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [72, 80, 64, 128])
+@pytest.mark.parametrize("lengths", [[1], [37, 64, 1, 129], [1024, 300, 64]])
+def test_varlen_attention_matches_reference(dtype, head_dim, lengths):
+    """Odd lengths, a single token, partial tiles, padded head dims; empty trailing segments as the vision graphs
+    pad cu_seqlens; both the tower's tiles and the window-sized ones (max_len <= 64)."""
+    if INTERPRET and sum(lengths) > 300:
+        pytest.skip("too large for the interpreter")
+    heads = 4
+    g = torch.Generator().manual_seed(head_dim + len(lengths))
+    q, k, v = torch.randn(sum(lengths), 3, heads, head_dim, generator=g).to(dtype).to(DEVICE).unbind(1)
+    segments = Segments.build(lengths, DEVICE)
+    cu = torch.cat([segments.cu_seqlens, segments.cu_seqlens[-1:].repeat(3)])
+    out = varlen_attention(q, k, v, cu, max(lengths), head_dim ** -0.5)
+    ref = varlen_attention_reference(q.double(), k.double(), v.double(), segments, head_dim ** -0.5)
+    assert rel_err(out, ref) < tol(dtype)
 
 
 # ---- silu_mul (the gated MLP's activation for prefill-sized rows) ------------------------------------------------
