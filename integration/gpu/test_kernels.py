@@ -18,13 +18,14 @@ from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
 from trtllm_qwenvl.kernels.silu_mul import silu_mul
-from trtllm_qwenvl.kernels.skinny_gemm import MAX_ROWS, Config, skinny_gemm
+from trtllm_qwenvl.kernels.skinny_gemm import MAX_ROWS, Config, skinny_gemm, skinny_gemm_normed
 from trtllm_qwenvl.kernels.varlen_attention import varlen_attention
 from trtllm_qwenvl.kernels.vision_rotary import apply_vision_rotary
 from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
-from trtllm_qwenvl.layers.linear import linear_op, silu_and_mul
+from trtllm_qwenvl.layers.linear import linear_op, normed_linear_op, silu_and_mul
+from trtllm_qwenvl.layers.norm import ADD_NORMS
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -586,6 +587,43 @@ def test_skinny_gemm_silu_mul_matches_linear_then_activation(m, n, k, bias):
     assert err < 2 * err_ref + 1e-4
 
 
+def normed_linear_exact(x, r, g, eps, mode, w, b, silu_mul):
+    """float64 linear(norm(x + r)) with the sum rounded to x's dtype first, as the residual stream is."""
+    s = (x.double() + r.double()).to(x.dtype).double()
+    n = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (1 + g.double() if mode == "zero_centred" else
+                                                                  g.double())
+    if silu_mul:
+        return silu_mul_exact(n, w, b)
+    return torch.nn.functional.linear(n, w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("m", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("mode", ["rms", "zero_centred"])
+@pytest.mark.parametrize("n, k, bias, silu_mul", [(512, 512, False, False), (74, 200, True, True),
+                                                  (1000, 4104, True, False)])
+def test_skinny_gemm_normed_matches_norm_then_linear(m, mode, n, k, bias, silu_mul):
+    """The pre-norm block's residual add and RMSNorm in the GEMM's prologue, against float64 and the torch path
+    (the norm kernels, then F.linear); the returned sum must equal the residual stream's rounded sum exactly."""
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    g = torch.Generator(device=DEVICE).manual_seed(m + n + k)
+    x = (3 * torch.randn(m, k + 8, device=DEVICE, generator=g)).to(dtype)[:, :k]  # strided rows
+    r = (3 * torch.randn(m, k, device=DEVICE, generator=g)).to(dtype)
+    gain = (0.1 * torch.randn(k, device=DEVICE, generator=g) + (mode == "rms")).to(dtype)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, device=DEVICE, generator=g).to(dtype) if bias else None
+    eps = 1e-6
+    normed, ref_total = ADD_NORMS[mode](x, r, gain, eps)
+    ref = torch.nn.functional.linear(normed, w, b)
+    ref = silu_and_mul(ref) if silu_mul else ref
+    config = Config(32, 64, 4, 2) if INTERPRET else None
+    out, total = skinny_gemm_normed(x, r, gain, eps, mode, w, b, config=config, silu_mul=silu_mul)
+    exact = normed_linear_exact(x, r, gain, eps, mode, w, b, silu_mul)
+    err, err_ref = rel_err(out, exact), rel_err(ref, exact)
+    print(f"skinny gemm + {mode} norm {m}x{k} @ {n}x{k} silu_mul={silu_mul} {dtype}: {err:.2e} (torch {err_ref:.2e})")
+    assert err < 2 * err_ref + 1e-4
+    assert torch.equal(total, (x.float() + r.float()).to(dtype)) and torch.equal(total, ref_total)
+
+
 @gpu_only
 @pytest.mark.parametrize("silu_mul, exact", [(False, lambda x, w: x.double() @ w.double().T),
                                              (True, lambda x, w: silu_mul_exact(x, w, None))],
@@ -603,3 +641,24 @@ def test_linear_op_routes_by_rows_inside_a_cuda_graph(silu_mul, exact):
             x.copy_(torch.randn_like(x))
             graph.replay()
             assert rel_err(y, exact(x, w)) < 5e-3
+
+
+@gpu_only
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_normed_linear_op_routes_by_rows_inside_a_cuda_graph(silu_mul):
+    """The compiled body's pre-norm projection: fused at decode rows, norm kernel then cuBLAS at 64; graph replays
+    with new inputs match float64, and the sum it returns is the residual stream's."""
+    w = torch.randn(512, 256, device=DEVICE, dtype=torch.bfloat16) / 16
+    gain = 1 + 0.1 * torch.randn(256, device=DEVICE, dtype=torch.bfloat16)
+    for rows in (3, 64):
+        x, r = (torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+        normed_linear_op(x, r, gain, 1e-6, "rms", w, None, silu_mul)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, total = normed_linear_op(x, r, gain, 1e-6, "rms", w, None, silu_mul)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            r.copy_(torch.randn_like(r))
+            graph.replay()
+            assert rel_err(y, normed_linear_exact(x, r, gain, 1e-6, "rms", w, None, silu_mul)) < 5e-3
+            assert torch.equal(total, x + r)

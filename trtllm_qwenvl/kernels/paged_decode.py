@@ -8,6 +8,9 @@ per-(sequence, KV head) counter, and the program that arrives last merges all of
 the splits in a fixed order, so the result does not depend on which program finished last. Graph safety:
 - the split count depends only on host shapes (batch size, KV heads), so it is fixed per captured batch size;
 - each split's range is derived on the device from seq_lens_k: no host reads, no data-dependent host control;
+  a split covers at least MIN_SPLIT_KEYS keys, so a short context uses fewer of the launched splits (the others
+  return at once, and the merge waits for and reads only the used ones). Each split costs a fixed latency of a few
+  microseconds: on an H100 at batch 1 over 1000 keys, 8 splits took 8.8 us a layer and all 32 took 13.7;
 - the partials and counters live in a workspace sized once (`reserve`) and sliced per batch, never allocated per
   step; the counters return to zero at the end of every launch.
 The torch reference is `layers.attention_backends.TorchPagedAttention`.
@@ -22,19 +25,23 @@ from .paged_kv import LOG2E, attend_tile, dot_precision
 from .pdl import enter, launch_args
 
 MAX_SPLITS = 32  # a power of two: the merge loads all slots, masked
+MIN_SPLIT_KEYS = 128  # a multiple of every BLOCK_N (perf/results/experiments_h100_2026-11-24_decode_splits.md)
 
 
 @triton.jit
 def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, arrivals_ptr, seq_lens_ptr,
                         tables_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_block, stride_pos, stride_head,
                         stride_table, stride_po_b, stride_po_h, stride_po_s, stride_pl_b, stride_pl_h, stride_arr,
-                        scale_log2, num_splits, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, DIRECT: tl.constexpr,
-                        PRECISION: tl.constexpr, PDL: tl.constexpr):
+                        scale_log2, num_splits, MIN_SPLIT_KEYS: tl.constexpr, GROUP: tl.constexpr,
+                        BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_S: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     enter(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_len = tl.load(seq_lens_ptr + seq)
-    per_split = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
+    used = tl.maximum(tl.cdiv(kv_len, per_split), 1)  # an empty sequence (padding row) keeps split 0 to write zeros
+    if split >= used:
+        return
     start = split * per_split
     end = tl.minimum(start + per_split, kv_len)
 
@@ -67,11 +74,11 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, 
         tl.store(lse_rows + split, lse, mask=row_ok)
         # All threads' partials are written before one thread's release-ordered arrival publishes them (the
         # barrier orders them before it); the last arrival's acquire then makes every split's partial visible.
-        # Every program must arrive, empty splits included: no early return above this point.
+        # Every used split must arrive, an empty one included: no return between the `used` check and here.
         tl.debug_barrier()
         counter = arrivals_ptr + seq * stride_arr + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            merged = merge_splits(part_o_ptr, lse_rows, po_rows, stride_po_s, num_splits, row_ok, d,
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+            merged = merge_splits(part_o_ptr, lse_rows, po_rows, stride_po_s, used, row_ok, d,
                                   BLOCK_G, HEAD_DIM, BLOCK_S)
             tl.store(o_ptrs, merged.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
             tl.store(counter, 0)
@@ -147,6 +154,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         ws.part_o.stride(0), ws.part_o.stride(1), ws.part_o.stride(2), ws.part_lse.stride(0), ws.part_lse.stride(1),
-        ws.arrivals.stride(0), scale * LOG2E, splits, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, PAGE=page, BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_S=MAX_SPLITS,
-        DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3, **launch_args(q.device))
+        ws.arrivals.stride(0), scale * LOG2E, splits, MIN_SPLIT_KEYS=MIN_SPLIT_KEYS, GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
+        BLOCK_N=64 if head_dim <= 128 else 32, BLOCK_S=MAX_SPLITS, DIRECT=splits == 1,
+        PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=3, **launch_args(q.device))

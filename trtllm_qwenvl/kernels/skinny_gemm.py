@@ -29,47 +29,72 @@ class Config:
 
 
 @triton.jit
-def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                       HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def fold_norm(x, squares, r_ptr, g_ptr, sum_ptr, k0, k, m, x_mask, stride_rm, stride_sm, K, NORM: tl.constexpr):
+    """One (BLOCK_K, BLOCK_M) chunk of x -> g * (x + r) for the product, and the sum's squares added to `squares`.
+    The sum is rounded to the activations' dtype first, as the residual stream is; program 0 stores it."""
+    dtype = x.dtype
+    s = (x.to(tl.float32) + tl.load(r_ptr + m[None, :] * stride_rm + (k0 + k)[:, None], mask=x_mask,
+                                     other=0.0).to(tl.float32)).to(dtype)
+    if tl.program_id(0) == 0:
+        tl.store(sum_ptr + m[None, :] * stride_sm + (k0 + k)[:, None], s, mask=x_mask)
+    s = s.to(tl.float32)
+    g = tl.load(g_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)[:, None]
+    scaled = s * (1.0 + g) if NORM == 2 else s * g
+    return scaled.to(dtype), squares + tl.sum(s * s, 0)
+
+
+@triton.jit
+def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, sum_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                       stride_rm, stride_sm, eps, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                       SILU_MUL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y = x @ W^T (+ b), or with SILU_MUL (W = [gate; up], N = 2 * out features) y = silu(x @ gate^T) * (x @ up^T):
-    each program then streams BLOCK_N // 2 gate rows and the matching up rows, so both halves of an output feature
-    meet in its registers."""
+    each program then streams BLOCK_N // 2 gate rows and the matching up rows as one tile, so both halves of an
+    output feature meet in its registers after a single MMA per step (two MMAs sharing x, one per half, ran 2.3x
+    slower once x also fed the norm's sum of squares).
+
+    NORM (1: RMSNorm, 2: zero-centred RMSNorm) takes x as the RMS-normalised sum s = x + r with norm weight g, and
+    program 0 writes s to sum_ptr. A row's 1/rms is one scalar, so it factors out of the product:
+    y = rstd * (W @ (g * s)), with the sum of squares gathered in the same pass over K."""
     enter(PDL)
-    ROWS: tl.constexpr = BLOCK_N // 2 if SILU_MUL else BLOCK_N
+    ROWS: tl.constexpr = BLOCK_N // 2 if SILU_MUL else BLOCK_N  # output features per program
     n_out = N // 2 if SILU_MUL else N
-    n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tile = tl.arange(0, BLOCK_N)
+    feature = tl.program_id(0) * ROWS + tile % ROWS
+    w_row = feature + (tile // ROWS) * n_out if SILU_MUL else feature
+    w_ok = feature < n_out
     m = tl.arange(0, BLOCK_M)
     k = tl.arange(0, BLOCK_K)
-    n_ok = n < n_out
     m_ok = m < M
-    w_ptrs = w_ptr + n.to(tl.int64)[:, None] * stride_wn + k[None, :]
-    up_offset = n_out * stride_wn  # int32: gate_up weights stay far below 2**31 elements per half
+    w_ptrs = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn + k[None, :]
     x_ptrs = x_ptr + m[None, :] * stride_xm + k[:, None]
-    acc = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((ROWS, BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w_mask = n_ok[:, None]
+        w_mask = w_ok[:, None]
         x_mask = m_ok[None, :]
         if not EVEN_K:
             w_mask = w_mask & (k0 + k < K)[None, :]
             x_mask = x_mask & (k0 + k < K)[:, None]
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        if NORM:
+            x, squares = fold_norm(x, squares, r_ptr, g_ptr, sum_ptr, k0, k, m, x_mask, stride_rm, stride_sm, K,
+                                   NORM)
         acc = tl.dot(tl.load(w_ptrs, mask=w_mask, other=0.0), x, acc)
-        if SILU_MUL:
-            acc_up = tl.dot(tl.load(w_ptrs + up_offset, mask=w_mask, other=0.0), x, acc_up)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if NORM:
+        acc *= tl.rsqrt(squares / K + eps)[None, :]
     if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        if SILU_MUL:
-            acc_up += tl.load(b_ptr + n_out + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        acc += tl.load(b_ptr + w_row, mask=w_ok, other=0.0).to(tl.float32)[:, None]
     dtype = y_ptr.dtype.element_ty
     if SILU_MUL:  # rounded as the torch path rounds: the projection to dtype, then the activation once
-        gate = acc.to(dtype).to(tl.float32)
-        acc = gate * tl.sigmoid(gate) * acc_up.to(dtype).to(tl.float32)
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, ROWS, BLOCK_M)), (1, 2, 0)))
+        gate = gate.to(dtype).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * up.to(dtype).to(tl.float32)
+    n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     y_ptrs = y_ptr + m[None, :] * stride_ym + n[:, None]
-    tl.store(y_ptrs, acc.to(dtype), mask=n_ok[:, None] & m_ok[None, :])
+    tl.store(y_ptrs, acc.to(dtype), mask=(n < n_out)[:, None] & m_ok[None, :])
 
 
 # The most frequent best of a 54-config sweep on an H100 over the decoder shapes of Qwen3-VL-8B and Qwen2.5-VL-7B at
@@ -78,21 +103,39 @@ def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn
 DEFAULT = Config(block_n=64, block_k=256, num_warps=4, num_stages=4)
 
 
+NORM_MODES = {"rms": 1, "zero_centred": 2}  # layers.norm's RMSNorm.mode -> the kernel's NORM
+
+
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: Config | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x (M <= 16, K) with unit stride along K; weight (N, K) contiguous rows; bias (N,) or None -> (M, N).
     silu_mul: weight is a gate_up projection [gate; up] and the result silu(gate) * up, (M, N // 2): the MLP's
     activation in the GEMM's epilogue, one launch per layer fewer."""
+    return launch(x, weight, bias, config, silu_mul, None)[0]
+
+
+def skinny_gemm_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, mode: str,
+                       weight: torch.Tensor, bias: torch.Tensor | None = None, config: Config | None = None,
+                       silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`skinny_gemm` of norm(x + residual) (`mode` as layers.norm's RMSNorm.mode), and the sum x + residual: the
+    pre-norm block's residual add and RMSNorm in the GEMM's prologue, one launch per norm fewer."""
+    assert residual.shape == x.shape and residual.stride(1) == 1 and norm_weight.shape == (x.shape[1],)
+    return launch(x, weight, bias, config, silu_mul, (residual, norm_weight, eps, NORM_MODES[mode]))
+
+
+def launch(x, weight, bias, config, silu_mul, norm) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     n = weight.shape[0]
     assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1 and not (silu_mul and n % 2)
     y = torch.empty(m, n // 2 if silu_mul else n, device=x.device, dtype=x.dtype)
+    total = torch.empty_like(x, memory_format=torch.contiguous_format) if norm else None
     if m == 0:
-        return y
+        return y, total
+    residual, norm_weight, eps, mode = norm or (x, x, 0.0, 0)
     cfg = config or DEFAULT
     skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
-        x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, BLOCK_M=MAX_ROWS,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_args(x.device))
-    return y
+        x, weight, bias if bias is not None else weight, y, residual, norm_weight, total if norm else x, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0), residual.stride(0), k, eps, HAS_BIAS=bias is not None,
+        EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, NORM=mode, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
+    return y, total

@@ -53,9 +53,12 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+    takes_pending_norm = True  # x may be a layers.norm.PendingNorm: qkv_proj applies it
+
+    def forward(self, x, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        n = qkv.shape[0]
+        q, k, v = qkv.split(self.splits, dim=-1)
         gate = None
         if self.gated:
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from .forward_context import get_context
-from .norm import RMSNorm
+from .norm import PendingNorm, RMSNorm
 from .rotary import MRotaryEmbedding
 
 
@@ -21,13 +21,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = norm(hidden_size, eps)
 
     def forward(self, x, residual, cos_sin):
+        mixer = getattr(self, self.mixer_name)
         if residual is None:
-            residual, x = x, self.input_layernorm(x)
+            residual, x = x, mixer(self.input_layernorm(x), cos_sin)
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = getattr(self, self.mixer_name)(x, cos_sin)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            pending = PendingNorm(self.input_layernorm, x, residual)
+            x = mixer(pending.input_for(mixer), cos_sin)
+            residual = pending.total
+        pending = PendingNorm(self.post_attention_layernorm, x, residual)
+        x = self.mlp(pending.input_for(self.mlp))
+        return x, pending.total
 
 
 class TextModel(nn.Module):

@@ -14,6 +14,8 @@ ACTIVATIONS = {
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
+    takes_pending_norm = True  # x may be a layers.norm.PendingNorm: gate_up_proj applies it
+
     def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False):
         super().__init__()
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)

@@ -1,3 +1,5 @@
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +37,9 @@ def add_zero_centred_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
     return (normalize(x, eps) * (1.0 + weight.float())).to(x.dtype), x
 
 
+ADD_NORMS = {"rms": add_rms_norm, "zero_centred": add_zero_centred_rms_norm}  # by RMSNorm.mode
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32; with `residual` it first adds it, fusing the residual add into the norm."""
 
@@ -53,6 +58,25 @@ class RMSNorm(nn.Module):
             return plain(flat, self.weight, self.eps).view(x.shape)
         out, total = add(flat, residual.reshape(flat.shape), self.weight, self.eps)
         return out.view(x.shape), total.view(x.shape)
+
+
+@dataclass
+class PendingNorm:
+    """norm(x + residual), handed unapplied to a module whose first step is a linear layer: at decode sizes on CUDA
+    that layer's GEMM applies it in its prologue (`layers.linear`), one launch per norm fewer. Whoever applies it
+    sets `total`, the sum, which is the next residual."""
+    norm: RMSNorm
+    x: torch.Tensor
+    residual: torch.Tensor
+    total: torch.Tensor | None = None
+
+    def apply(self) -> torch.Tensor:
+        out, self.total = self.norm(self.x, self.residual)
+        return out
+
+    def input_for(self, module: nn.Module):
+        """Itself for modules that take a pending norm (`takes_pending_norm`), else the applied norm."""
+        return self if getattr(module, "takes_pending_norm", False) else self.apply()
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
