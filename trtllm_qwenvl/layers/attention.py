@@ -34,6 +34,8 @@ class Attention(nn.Module):
     is scaled by sigmoid(gate) before o_proj. `norm` is the q/k norm class.
     """
 
+    takes_pending_norm = True  # x may be a layers.norm.PendingNorm: qkv_proj applies it
+
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, qkv_bias: bool,
                  qk_norm_eps: float | None = None, gated: bool = False, norm=RMSNorm):
         super().__init__()
@@ -52,8 +54,6 @@ class Attention(nn.Module):
         # Bound to views of the engine's KV pool by the model runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
-
-    takes_pending_norm = True  # x may be a layers.norm.PendingNorm: qkv_proj applies it
 
     def forward(self, x, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         qkv = self.qkv_proj(x)
