@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .pdl import enter, launch_args
+from .qk_rope_store import NORM_MODES  # the same codes as the attention prologue's q/k norms
 
 MAX_ROWS = 16  # one MMA column tile of x; larger batches go to cuBLAS, which tiles them well
 
@@ -103,9 +104,6 @@ def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, sum_ptr, M, N, 
 DEFAULT = Config(block_n=64, block_k=256, num_warps=4, num_stages=4)
 
 
-NORM_MODES = {"rms": 1, "zero_centred": 2}  # layers.norm's RMSNorm.mode -> the kernel's NORM
-
-
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: Config | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x (M <= 16, K) with unit stride along K; weight (N, K) contiguous rows; bias (N,) or None -> (M, N).
@@ -131,7 +129,7 @@ def launch(x, weight, bias, config, silu_mul, norm) -> tuple[torch.Tensor, torch
     total = torch.empty_like(x, memory_format=torch.contiguous_format) if norm else None
     if m == 0:
         return y, total
-    residual, norm_weight, eps, mode = norm or (x, x, 0.0, 0)
+    residual, norm_weight, eps, mode = norm or (x, x, 0.0, NORM_MODES["none"])
     cfg = config or DEFAULT
     skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
         x, weight, bias if bias is not None else weight, y, residual, norm_weight, total if norm else x, m, n, k,

@@ -37,9 +37,6 @@ def add_zero_centred_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
     return (normalize(x, eps) * (1.0 + weight.float())).to(x.dtype), x
 
 
-ADD_NORMS = {"rms": add_rms_norm, "zero_centred": add_zero_centred_rms_norm}  # by RMSNorm.mode
-
-
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32; with `residual` it first adds it, fusing the residual add into the norm."""
 
@@ -88,6 +85,9 @@ class ZeroCenteredRMSNorm(RMSNorm):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)
         nn.init.zeros_(self.weight)
+
+
+ADD_NORMS = {cls.mode: cls.kernels[1] for cls in (RMSNorm, ZeroCenteredRMSNorm)}  # the fused add + norm by mode
 
 
 class GatedRMSNorm(nn.Module):
