@@ -1,4 +1,5 @@
-"""A pre-norm block's RMSNorm handed unapplied to the next module (layers.norm.PendingNorm), against float64."""
+"""Norms that take the residual add into their kernel: a pre-norm block's RMSNorm handed unapplied to the next module
+(layers.norm.PendingNorm) and the vision towers' LayerNorm, against float64."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,7 +7,7 @@ from torch import nn
 
 from trtllm_qwenvl.layers.linear import Linear
 from trtllm_qwenvl.layers.mlp import GatedMLP
-from trtllm_qwenvl.layers.norm import PendingNorm, RMSNorm, ZeroCenteredRMSNorm
+from trtllm_qwenvl.layers.norm import LayerNorm, PendingNorm, RMSNorm, ZeroCenteredRMSNorm
 
 NORMS = [RMSNorm, ZeroCenteredRMSNorm]
 
@@ -51,3 +52,19 @@ def test_modules_without_the_flag_get_the_applied_norm():
     torch.testing.assert_close(out.double(), normed64(p.x, p.residual, p.norm), rtol=1e-5, atol=1e-5)
     assert torch.equal(p.total, p.x + p.residual)
     assert p.input_for(GatedMLP(64, 32)) is p
+
+
+def test_layer_norm_adds_the_residual_first():
+    """The vision towers' LayerNorm with a residual: layer_norm(x + residual) and the sum, against float64."""
+    torch.manual_seed(0)
+    norm = LayerNorm(64, eps=1e-6)
+    nn.init.normal_(norm.weight, std=0.5)
+    nn.init.normal_(norm.bias, std=0.5)
+    x, residual = torch.randn(5, 64), torch.randn(5, 64)
+    out, total = norm(x, residual)
+    s = (x + residual).double()
+    want = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + norm.eps)
+    torch.testing.assert_close(out.double(), want * norm.weight.double() + norm.bias.double(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(total, x + residual)
+    torch.testing.assert_close(norm(x).double(), F.layer_norm(x.double(), (64,), norm.weight.double(),
+                                                               norm.bias.double(), norm.eps), rtol=1e-5, atol=1e-5)

@@ -25,7 +25,8 @@ from trtllm_qwenvl.kernels.vit_attention import fused_path, vit_attention
 from trtllm_qwenvl.layers.attention_backends import Prologue, TorchPagedAttention, TritonPagedAttention
 from trtllm_qwenvl.layers.forward_context import AttentionMetadata
 from trtllm_qwenvl.layers.linear import linear_op, normed_linear_op, silu_and_mul
-from trtllm_qwenvl.layers.norm import ADD_NORMS
+from trtllm_qwenvl.layers.mlp import MLP
+from trtllm_qwenvl.layers.norm import ADD_NORMS, LayerNorm
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
@@ -533,6 +534,42 @@ def test_silu_mul_matches_torch(m, features):
     err, err_ref = rel_err(out, exact), rel_err(silu_and_mul(gate_up), exact)
     print(f"silu_mul {m}x{features} {dtype}: {err:.2e} (torch {err_ref:.2e})")
     assert out.shape == (m, features) and err <= 2 * err_ref + 1e-6
+
+
+# ---- the vision towers' fused epilogue and norm (cuBLASLt GELU epilogue, inductor add + LayerNorm) ----------------
+
+@gpu_only
+@pytest.mark.parametrize("rows", [1, 37, 1024])
+def test_vision_mlp_gelu_epilogue_matches_float64(rows):
+    """Qwen3-VL's tower MLP: bias and tanh-GELU in fc1's epilogue, no worse than the unfused bf16 ops."""
+    torch.manual_seed(rows)
+    mlp = MLP(1152, 4304, "gelu_pytorch_tanh").to(DEVICE, torch.bfloat16)
+    x = torch.randn(rows, 1152, device=DEVICE, dtype=torch.bfloat16)
+    w1, b1, w2, b2 = (t.double() for t in (mlp.linear_fc1.weight, mlp.linear_fc1.bias, mlp.linear_fc2.weight,
+                                            mlp.linear_fc2.bias))
+    h = torch.nn.functional.gelu(x.double() @ w1.T + b1, approximate="tanh")
+    exact = h @ w2.T + b2
+    unfused = mlp.linear_fc2(mlp.act(mlp.linear_fc1(x)))
+    err, err_ref = rel_err(mlp(x), exact), rel_err(unfused, exact)
+    print(f"vision MLP {rows} rows: {err:.2e} (unfused {err_ref:.2e})")
+    assert mlp.gelu_epilogue and err <= 1.5 * err_ref + 1e-6
+
+
+@gpu_only
+@pytest.mark.parametrize("rows", [1, 37, 1024])
+def test_layer_norm_with_residual_matches_float64(rows):
+    torch.manual_seed(rows)
+    norm = LayerNorm(1152, eps=1e-6).to(DEVICE, torch.bfloat16)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
+    torch.nn.init.normal_(norm.bias, 0.0, 0.1)
+    x, residual = (torch.randn(rows, 1152, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    out, total = norm(x, residual)
+    s = x.double() + residual.double()
+    exact = torch.nn.functional.layer_norm(s, (1152,), norm.weight.double(), norm.bias.double(), norm.eps)
+    err, err_ref = rel_err(out, exact), rel_err(torch.nn.functional.layer_norm(x + residual, (1152,), norm.weight,
+                                                                             norm.bias, norm.eps), exact)
+    print(f"add + LayerNorm {rows} rows: {err:.2e} (unfused {err_ref:.2e})")
+    assert err <= 1.5 * err_ref + 1e-6 and torch.equal(total, x + residual)
 
 
 # ---- skinny GEMM (decode-sized linear layers) ----------------------------------------------------------------------

@@ -1,3 +1,4 @@
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -40,6 +41,14 @@ class MLP(nn.Module):
         self.linear_fc1 = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.linear_fc2 = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACTIVATIONS[act]
+        self.gelu_epilogue = act == "gelu_pytorch_tanh" and bias
 
     def forward(self, x):
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
+        return self.linear_fc2(self.fc1_act(x))
+
+    def fc1_act(self, x):
+        # cuBLASLt applies the bias and tanh-GELU in the GEMM's epilogue, in fp32 before the one rounding to the
+        # activation dtype: no separate GELU kernel reading and writing the widest activation of the block.
+        if self.gelu_epilogue and x.is_cuda and x.dim() == 2:
+            return torch._addmm_activation(self.linear_fc1.bias, x, self.linear_fc1.weight.t(), use_gelu=True)
+        return self.act(self.linear_fc1(x))

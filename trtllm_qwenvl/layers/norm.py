@@ -87,6 +87,23 @@ class ZeroCenteredRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
 
+@fused_on_cuda
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """layer_norm(x + residual) and the sum, which is the next residual."""
+    x = x + residual
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps), x
+
+
+class LayerNorm(nn.LayerNorm):
+    """The vision towers' LayerNorm with RMSNorm's interface: with `residual` it first adds it, and on CUDA the add
+    and the norm are one kernel."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return super().forward(x)
+        return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+
+
 ADD_NORMS = {cls.mode: cls.kernels[1] for cls in (RMSNorm, ZeroCenteredRMSNorm)}  # the fused add + norm by mode
 
 

@@ -70,10 +70,10 @@ class Qwen2_5VisionTower(VisionTower):
     def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]) -> VisionOutput:
         """`pixels` in window order; the merged rows come out in window order too."""
         cos_sin = (inputs.cos, inputs.sin)
-        x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
+        x, residual = self.patch_embed(pixels.to(self.patch_embed.weight.dtype)), None
         for i, block in enumerate(self.blocks):
-            x = block(x, cos_sin, segments["frames"] if i in self.fullatt else segments["windows"])
-        return VisionOutput(self.merger(x))
+            x, residual = block(x, cos_sin, segments["frames"] if i in self.fullatt else segments["windows"], residual)
+        return VisionOutput(self.merger(x + residual))
 
 
 @register("Qwen2_5_VLForConditionalGeneration")

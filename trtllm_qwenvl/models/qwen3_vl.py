@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..layers.mlp import MLP
+from ..layers.norm import LayerNorm
 from ..layers.rotary import VisionRotaryTable
 from ..layers.vision_attention import Segments
 from ..utils.h2d import async_tensor_h2d
@@ -41,7 +42,7 @@ class Qwen3VisionTower(VisionTower):
         self.rotary = VisionRotaryTable(vc.hidden_size // vc.num_heads, vc.rope_parameters["rope_theta"])
 
         def norm(d):
-            return nn.LayerNorm(d, eps=1e-6)
+            return LayerNorm(d, eps=1e-6)
 
         self.blocks = nn.ModuleList(
             VisionBlock(vc.hidden_size, vc.num_heads, MLP(vc.hidden_size, vc.intermediate_size, vc.hidden_act), norm)
@@ -75,12 +76,14 @@ class Qwen3VisionTower(VisionTower):
 
     def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]) -> VisionOutput:
         cos_sin = (inputs.cos, inputs.sin)
-        x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype)) + inputs.pos
+        x, residual = self.patch_embed(pixels.to(self.patch_embed.weight.dtype)) + inputs.pos, None
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos_sin, segments["frames"])
+            x, residual = block(x, cos_sin, segments["frames"], residual)
             if i in self.deepstack_indexes:
+                x, residual = x + residual, None
                 deepstack.append(self.deepstack_merger_list[self.deepstack_indexes.index(i)](x))
+        x = x + residual if residual is not None else x
         return VisionOutput(self.merger(x), torch.stack(deepstack) if deepstack else None)
 
 

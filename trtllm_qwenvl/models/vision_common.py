@@ -67,9 +67,12 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(dim, num_heads)
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, cos_sin, segments: Segments) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos_sin, segments)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: torch.Tensor, cos_sin, segments: Segments, residual: torch.Tensor | None = None):
+        """The block on x + residual (x alone when residual is None). Returns the MLP's output and the sum it is
+        to be added to, still apart: each residual add runs inside the next norm's kernel, as in the decoder."""
+        h, x = self.norm1(x, residual) if residual is not None else (self.norm1(x), x)
+        h, x = self.norm2(self.attn(h, cos_sin, segments), x)
+        return self.mlp(h), x
 
 
 class PatchMerger(nn.Module):
