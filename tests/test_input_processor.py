@@ -8,7 +8,7 @@ import transformers
 from trtllm_qwenvl.inputs.pixels import RAW, PixelNorm
 from trtllm_qwenvl.inputs.processor import InputProcessor
 
-from conftest import hf_inputs, scenarios
+from conftest import chat_prompt, hf_inputs, scenarios
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -22,7 +22,7 @@ def test_normalised_raw_pixels_are_hf_pixels(checkpoints, media, scenario, dtype
     items = ours(prompt).mm_items
     assert all(item.pixel_values.dtype == torch.uint8 for item in items if item.modality == "image")
     for modality, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
-        got = [item.norm.apply(item.pixel_values, dtype) for item in items if item.modality == modality]
+        got = [item.norm.apply(item.patches(), dtype) for item in items if item.modality == modality]
         if key not in ref:
             assert not got
             continue
@@ -43,7 +43,33 @@ def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario
     out = ours(prompt)
     assert out.token_ids == ref["input_ids"][0].tolist()
     assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
-    pixels = [item.norm.apply(item.pixel_values, torch.float32) for item in out.mm_items]
+    pixels = [item.norm.apply(item.patches(), torch.float32) for item in out.mm_items]
+    assert torch.equal(torch.cat(pixels), ref["pixel_values"])
+
+
+@pytest.mark.parametrize("arch, sizes, mode, on_device", [
+    ("qwen3_vl", [(224, 160)], "RGB", True),
+    ("qwen3_vl", [(224, 160), (128, 96)], "RGB", True),
+    ("qwen3_vl", [(224, 160), (112, 168)], "RGB", False),  # the second is resized, so HF patchifies both
+    ("qwen3_vl", [(224, 160)], "RGBA", False),  # HF converts it first
+    ("qwen2_5_vl", [(112, 168), (224, 56)], "RGB", True),
+    ("qwen2_5_vl", [(224, 160)], "RGB", False),
+])
+def test_kept_size_images_are_patchified_where_they_are_encoded(checkpoints, media, arch, sizes, mode, on_device):
+    """Images the processor keeps at their size reach the encoder whole, (H, W, 3) uint8, and the patchify it runs
+    gives the HF processor's pixels exactly; a prompt with any other image goes through the HF image processor."""
+    model_dir = checkpoints(arch)
+    hf = transformers.AutoProcessor.from_pretrained(model_dir)
+    images = [media["image"].resize(size).convert(mode) for size in sizes]
+    prompt = {"prompt": chat_prompt(hf, ["image"] * len(images), "Compare."), "multi_modal_data": {"image": images}}
+    ref = hf_inputs(hf, prompt)
+    out = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))(prompt)
+    assert [item.patchify is not None for item in out.mm_items] == [on_device] * len(images)
+    if on_device:
+        assert [tuple(item.pixel_values.shape) for item in out.mm_items] == [(h, w, 3) for w, h in sizes]
+    assert out.token_ids == ref["input_ids"][0].tolist()
+    assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
+    pixels = [item.norm.apply(item.patches(), torch.float32) for item in out.mm_items]
     assert torch.equal(torch.cat(pixels), ref["pixel_values"])
 
 

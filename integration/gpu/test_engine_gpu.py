@@ -143,7 +143,7 @@ def test_pixels_normalised_on_the_device_equal_the_hosts(checkpoint, ref):
     assert {item.modality for item in items} == {"image", "video"}
     with torch.inference_mode():
         device = engine.encoder.upload(items)
-    host = torch.cat([item.norm.apply(item.pixel_values, torch.bfloat16) for item in items])
+    host = torch.cat([item.norm.apply(item.patches(), torch.bfloat16) for item in items])
     assert device.dtype == torch.bfloat16 and torch.equal(device.cpu(), host)
 
 

@@ -111,8 +111,8 @@ class EncoderRunner:
 
     def upload(self, items: list[MMItem]) -> torch.Tensor:
         """The items' pixels on the device in the tower's dtype, normalised there from their raw values."""
-        parts = [item.norm.apply(async_tensor_h2d(item.pixel_values, item.pixel_values.dtype, self.device),
-                                 self.dtype) for item in items]
+        parts = [item.norm.apply(item.patches(async_tensor_h2d(item.pixel_values, item.pixel_values.dtype,
+                                                               self.device)), self.dtype) for item in items]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def gather(self, needed, batch: list[ScheduledSeq]) -> StepMedia:

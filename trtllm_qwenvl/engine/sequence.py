@@ -7,7 +7,7 @@ from enum import Enum, auto
 import numpy as np
 import torch
 
-from ..inputs.pixels import PixelNorm
+from ..inputs.pixels import DevicePatchify, PixelNorm
 from ..llmapi.sampling_params import SamplingParams
 
 
@@ -20,14 +20,21 @@ class Status(Enum):
 @dataclass
 class MMItem:
     """One image or video after the HF processor: raw pixels, which `norm` turns into the processor's pixels on the
-    encoder's device. `positions` are the prompt indices its embeddings fill (none yet when it is announced for an
-    early encode, before the prompt is tokenized)."""
+    encoder's device (after `patchify`, where the item holds an image the device patchifies). `positions` are the
+    prompt indices its embeddings fill (none yet when it is announced for an early encode, before the prompt is
+    tokenized)."""
     modality: str
     pixel_values: torch.Tensor
     norm: PixelNorm
     grid_thw: tuple[int, int, int]
     positions: np.ndarray
     hash: int
+    patchify: DevicePatchify | None = None
+
+    def patches(self, pixels: torch.Tensor | None = None) -> torch.Tensor:
+        """Raw patch rows from `pixels`, the item's own pixel values wherever they now are (default: the host's)."""
+        pixels = self.pixel_values if pixels is None else pixels
+        return self.patchify(pixels) if self.patchify is not None else pixels
 
     @property
     def num_tokens(self) -> int:

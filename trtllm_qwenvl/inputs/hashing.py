@@ -5,7 +5,8 @@ import xxhash
 
 def hash_media(modality: str, pixels, grid_thw: tuple[int, int, int], extra: float = 0.0,
                uuid: str | None = None) -> int:
-    """Hash of an item's raw processed pixels (resized and patchified, `inputs.pixels`), its grid and timing: equal
+    """Hash of an item's raw processed pixels (resized and patchified, or an image the device patchifies as it is:
+    the array's shape, hashed too, tells the two apart; `inputs.pixels`), its grid and timing: equal
     pixels give equal embeddings whatever their source (URL, file, base64). They are uint8 for RGB media, about the
     resized media's bytes (an image twice: it fills both temporal slots of a patch), and already one contiguous
     array, where a PIL image would be converted again (0.58 ms for a 512px image on the H100 host). With a

@@ -3,7 +3,9 @@
 Text-only prompts take the tokenizer alone. Prompts with images alone take the checkpoint's HF image processor and
 the tokenizer, then expand each placeholder to its image's token count as the HF processor's text step does; prompts
 with video run the whole HF processor, whose video text (per-frame timestamps) is its own. All of it on the host,
-except the pixels' rescale and normalise, which the encoder applies on the device (`pixels.PixelNorm`). (The whole
+except the pixels' rescale and normalise, which the encoder applies on the device (`pixels.PixelNorm`), and the
+patchify of images the processor would keep at their size, which the encoder runs too (`pixels.DevicePatchify`).
+(The whole
 image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then
 sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
 
@@ -11,7 +13,7 @@ Media go to `on_media` (the engine's early encode) as soon as their pixels and c
 prompt is tokenized and its mRoPE positions computed, so the vision tower runs while the rest of preprocessing does.
 """
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -20,7 +22,7 @@ import torch
 from ..engine.sequence import MMItem, ProcessedPrompt
 from .hashing import hash_media
 from .mrope import MRopeSpec, get_rope_index, text_positions
-from .pixels import RAW, PixelNorm
+from .pixels import RAW, DevicePatchify, PixelNorm
 
 PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 NO_POSITIONS = np.empty(0, dtype=np.int64)
@@ -107,8 +109,7 @@ class InputProcessor:
                  "video": on_host(out["video_grid_thw"]) if videos else None}
         seconds = on_host(out["second_per_grid_ts"]).astype(np.float64) if "second_per_grid_ts" in out else None
         positions, delta = get_rope_index(self.spec, ids, grids["image"], grids["video"], seconds)
-        items = [MMItem(i.modality, i.pixel_values, i.norm, i.grid_thw, places, i.hash)
-                 for modality, found in out["items"].items()
+        items = [replace(i, positions=places) for modality, found in out["items"].items()
                  for i, places in zip(found, self.places(ids, modality, found))]
         return ProcessedPrompt(ids.tolist(), items, positions, delta, text)
 
@@ -134,7 +135,7 @@ class InputProcessor:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"return_tensors": "pt", **RAW}
         out = self.processor(text=[text], **kwargs)
-        out["items"] = self.announce(out, uuids)
+        out["items"] = self.announce(self.items_of(out, uuids))
         return out
 
     def process_images(self, text: str, images: list, uuids: dict) -> dict:
@@ -142,25 +143,45 @@ class InputProcessor:
         and the prompt tokenized as written with each placeholder repeated to its image's token count. Special
         tokens are split off before BPE, so the ids equal those of the expanded text; skipping the HF processor's
         kwargs handling and the repeats' tokenization saved 0.65-1.0 ms per 1000-token prompt on the H100 host
-        (perf/results/experiments_*)."""
-        out = self.processor.image_processor(images=images, return_tensors="pt", **RAW)
-        out["items"] = self.announce(out, uuids)
+        (perf/results/experiments_*). Images the processor would keep at their size skip it: the device patchifies
+        them (`pixels.DevicePatchify`)."""
+        patchify = DevicePatchify.of(self.processor.image_processor, images)
+        if patchify is None:
+            out = self.processor.image_processor(images=images, return_tensors="pt", **RAW)
+            items = self.items_of(out, uuids)
+        else:
+            items = {"image": self.whole_images(images, patchify, uuids.get("image")), "video": []}
+            out = {"image_grid_thw": np.array([item.grid_thw for item in items["image"]])}
+        out["items"] = self.announce(items)
         ids = np.asarray(self.tokenizer(text)["input_ids"])
         places = ids == self.spec.image_token_id
         repeats = np.ones(len(ids), dtype=np.int64)
         repeats[places] = on_host(out["image_grid_thw"]).prod(-1) // self.spec.spatial_merge_size ** 2
         return {"input_ids": [np.repeat(ids, repeats)], **out}
 
-    def announce(self, out, uuids: dict) -> dict[str, list[MMItem]]:
-        """The processor output's media items (content-hashed, pixels staged, no prompt positions yet), handed to
-        `on_media` at once."""
-        seconds = on_host(out["second_per_grid_ts"]) if "second_per_grid_ts" in out else None
-        items = {"image": self.pieces("image", out.get("pixel_values"), out.get("image_grid_thw"), None,
-                                      uuids.get("image")),
-                 "video": self.pieces("video", out.get("pixel_values_videos"), out.get("video_grid_thw"), seconds,
-                                      uuids.get("video"))}
+    def announce(self, items: dict[str, list[MMItem]]) -> dict[str, list[MMItem]]:
+        """Media items (content-hashed, pixels staged, no prompt positions yet), handed to `on_media` at once."""
         if self.on_media is not None and (items["image"] or items["video"]):
             self.on_media(items["image"] + items["video"])
+        return items
+
+    def items_of(self, out, uuids: dict) -> dict[str, list[MMItem]]:
+        """The HF processor output's media items."""
+        seconds = on_host(out["second_per_grid_ts"]) if "second_per_grid_ts" in out else None
+        return {"image": self.pieces("image", out.get("pixel_values"), out.get("image_grid_thw"), None,
+                                     uuids.get("image")),
+                "video": self.pieces("video", out.get("pixel_values_videos"), out.get("video_grid_thw"), seconds,
+                                     uuids.get("video"))}
+
+    def whole_images(self, images: list, patchify: DevicePatchify, uuids) -> list[MMItem]:
+        """Items holding the images themselves, (H, W, 3) uint8, for the device to patchify."""
+        items = []
+        for i, image in enumerate(images):
+            pixels = torch.from_numpy(np.array(image))
+            pixels = pixels.pin_memory() if self.pin_pixels else pixels
+            grid = patchify.grid(pixels)
+            key = hash_media("image", pixels, grid, 0.0, uuids[i] if uuids else None)
+            items.append(MMItem("image", pixels, self.norms["image"], grid, NO_POSITIONS, key, patchify))
         return items
 
     def pieces(self, modality: str, pixels, grids, seconds, uuids) -> list[MMItem]:
