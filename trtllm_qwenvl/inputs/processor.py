@@ -177,8 +177,9 @@ class InputProcessor:
         """Items holding the images themselves, (H, W, 3) uint8, for the device to patchify."""
         items = []
         for i, image in enumerate(images):
-            pixels = torch.from_numpy(np.array(image))
-            pixels = pixels.pin_memory() if self.pin_pixels else pixels
+            array = np.asarray(image)  # read-only, over the bytes PIL copied out
+            pixels = torch.empty(array.shape, dtype=torch.uint8, pin_memory=self.pin_pixels)
+            pixels.numpy()[...] = array  # the one copy to the staging memory
             grid = patchify.grid(pixels)
             key = hash_media("image", pixels, grid, 0.0, uuids[i] if uuids else None)
             items.append(MMItem("image", pixels, self.norms["image"], grid, NO_POSITIONS, key, patchify))
