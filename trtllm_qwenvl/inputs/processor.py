@@ -5,9 +5,9 @@ the tokenizer, then expand each placeholder to its image's token count as the HF
 with video run the whole HF processor, whose video text (per-frame timestamps) is its own. All of it on the host,
 except the pixels' rescale and normalise, which the encoder applies on the device (`pixels.PixelNorm`), and the
 patchify of images the processor would keep at their size, which the encoder runs too (`pixels.DevicePatchify`).
-(The whole
-image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its pixels then
-sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out of memory.)
+(The whole image processor on the GPU saved 0.2 ms per 512px image on an H100, perf/results/preprocess_*, but its
+pixels then sat in device memory outside the KV budget until encoded: a benchmark with 256 requests queued ran out
+of memory.)
 
 Media go to `on_media` (the engine's early encode) as soon as their pixels and content hashes exist, before the
 prompt is tokenized and its mRoPE positions computed, so the vision tower runs while the rest of preprocessing does.
