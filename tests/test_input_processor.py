@@ -30,6 +30,14 @@ def test_normalised_raw_pixels_are_hf_pixels(checkpoints, media, scenario, dtype
         assert torch.equal(torch.cat(got), ref[key].to(dtype))
 
 
+def assert_image_prompt_is_hfs(out, ref) -> None:
+    """Ids, grids and (normalised) pixels of an images-only prompt equal the HF processor's."""
+    assert out.token_ids == ref["input_ids"][0].tolist()
+    assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
+    pixels = [item.norm.apply(item.patches(), torch.float32) for item in out.mm_items]
+    assert torch.equal(torch.cat(pixels), ref["pixel_values"])
+
+
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 @pytest.mark.parametrize("scenario", ["image", "two_images"])
 def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario):
@@ -41,10 +49,7 @@ def test_image_prompts_match_the_hf_processor(checkpoints, media, arch, scenario
     ref = hf_inputs(hf, prompt)
     ours = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))
     out = ours(prompt)
-    assert out.token_ids == ref["input_ids"][0].tolist()
-    assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
-    pixels = [item.norm.apply(item.patches(), torch.float32) for item in out.mm_items]
-    assert torch.equal(torch.cat(pixels), ref["pixel_values"])
+    assert_image_prompt_is_hfs(out, ref)
 
 
 @pytest.mark.parametrize("arch, sizes, mode, on_device", [
@@ -67,10 +72,7 @@ def test_kept_size_images_are_patchified_where_they_are_encoded(checkpoints, med
     assert [item.patchify is not None for item in out.mm_items] == [on_device] * len(images)
     if on_device:
         assert [tuple(item.pixel_values.shape) for item in out.mm_items] == [(h, w, 3) for w, h in sizes]
-    assert out.token_ids == ref["input_ids"][0].tolist()
-    assert [item.grid_thw for item in out.mm_items] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
-    pixels = [item.norm.apply(item.patches(), torch.float32) for item in out.mm_items]
-    assert torch.equal(torch.cat(pixels), ref["pixel_values"])
+    assert_image_prompt_is_hfs(out, ref)
 
 
 @pytest.mark.parametrize("settings", [
