@@ -5,7 +5,8 @@ A decode step is a chain of a few hundred short kernels, each costing a few micr
 beyond its bytes; PDL hides part of that. Every kernel launched with it must wait (`gdc_wait`) before it touches
 anything the previous kernel writes, and before it ends, so that the kernel after it, which waits only on its
 direct predecessor, still sees everything written before. Our kernels wait first and then let the next kernel
-launch (`gdc_launch_dependents`); inductor's kernels do the same with its `triton.enable_pdl` option.
+launch (`gdc_launch_dependents`); inductor's kernels do the same with its `triton.enable_pdl` option. The skinny
+GEMM lets the next kernel launch later, near the end of its stream (kernels.skinny_gemm says why).
 
 TRTLLM_QWENVL_PDL=0 turns it off (for A/B timing); Triton's interpreter and older GPUs never use it. The engine
 imports this module only on CUDA, where Triton is installed.
@@ -39,6 +40,19 @@ def inductor_options(device: torch.device) -> dict:
 @triton.jit
 def enter(PDL: tl.constexpr):
     """A kernel's first statement: wait for the kernel before it, then let the next one launch."""
+    wait(PDL)
+    release(PDL)
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """Block until the kernel before this one has finished and its writes are visible."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release(PDL: tl.constexpr):
+    """Let the next kernel launch once every program of this one has called this (or exited)."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()

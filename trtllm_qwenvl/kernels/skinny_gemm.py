@@ -7,6 +7,14 @@ the first version of it measured at most 0.3% slower and up to 8% faster per sha
 rows (cuBLAS splits K with a separate reduce for some of them); at 16 rows it lost 9% on gate_up
 (perf/results/skinny_gemm_*).
 
+A chain of these kernels (a decode step) also pays each one's ramp: its first weight tiles arrive at HBM latency
+after the kernel before it ends. So each program asks L2 for the first PREFETCH_BYTES of its weight rows before
+it waits for the kernel ahead (the weights do not depend on it), and lets the next kernel launch only
+RELEASE_STEPS K-steps before its own stream ends: released at the start, as other kernels are, the next GEMM's
+programs would sit on idle SMs from the beginning and prefetch too early, into lines evicted before use (the
+loss grew with the bytes prefetched). At the Qwen3-VL-8B decoder shapes on an H100 this took a decode step at
+batch 1 from 6.02 to 5.94 ms (perf/results/experiments_h100_2026-11-25_*).
+
 The torch reference is `torch.nn.functional.linear`.
 """
 from dataclasses import dataclass
@@ -15,10 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import enter, launch_args
+from .pdl import launch_args, release, wait
 from .qk_rope_store import NORM_MODES  # the same codes as the attention prologue's q/k norms
 
 MAX_ROWS = 16  # one MMA column tile of x; larger batches go to cuBLAS, which tiles them well
+PREFETCH_BYTES = 1024  # of each weight row, before the wait: the first two 256-column steps
+RELEASE_STEPS = 4  # K-steps before the end at which the next kernel may launch
 
 
 @dataclass(frozen=True)
@@ -45,10 +55,21 @@ def fold_norm(x, squares, r_ptr, g_ptr, sum_ptr, k0, k, m, x_mask, stride_rm, st
 
 
 @triton.jit
+def prefetch_rows(w_ptr, w_row, stride_wn, PREFETCH: tl.constexpr):
+    """Ask L2 for the first PREFETCH bytes of each weight row `w_row`: one bulk prefetch a row, holding no registers
+    or shared memory while the data arrives."""
+    addr = (w_ptr + w_row.to(tl.int64) * stride_wn).to(tl.int64, bitcast=True)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                              [addr, tl.full(w_row.shape, PREFETCH, tl.int32)], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, sum_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                        stride_rm, stride_sm, eps, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                       SILU_MUL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       SILU_MUL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                       RELEASE_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
     """y = x @ W^T (+ b), or with SILU_MUL (W = [gate; up], N = 2 * out features) y = silu(x @ gate^T) * (x @ up^T):
     each program then streams BLOCK_N // 2 gate rows and the matching up rows as one tile, so both halves of an
     output feature meet in its registers after a single MMA per step (two MMAs sharing x, one per half, ran 2.3x
@@ -57,13 +78,16 @@ def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, sum_ptr, M, N, 
     NORM (1: RMSNorm, 2: zero-centred RMSNorm) takes x as the RMS-normalised sum s = x + r with norm weight g, and
     program 0 writes s to sum_ptr. A row's 1/rms is one scalar, so it factors out of the product:
     y = rstd * (W @ (g * s)), with the sum of squares gathered in the same pass over K."""
-    enter(PDL)
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU_MUL else BLOCK_N  # output features per program
     n_out = N // 2 if SILU_MUL else N
     tile = tl.arange(0, BLOCK_N)
     feature = tl.program_id(0) * ROWS + tile % ROWS
     w_row = feature + (tile // ROWS) * n_out if SILU_MUL else feature
     w_ok = feature < n_out
+    if PREFETCH:
+        prefetch_rows(w_ptr, tl.where(w_ok, w_row, 0), stride_wn, PREFETCH)
+    wait(PDL)
+    k_release = tl.maximum(K - RELEASE_STEPS * BLOCK_K, 0) // BLOCK_K * BLOCK_K
     m = tl.arange(0, BLOCK_M)
     k = tl.arange(0, BLOCK_K)
     m_ok = m < M
@@ -77,6 +101,8 @@ def skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, sum_ptr, M, N, 
         if not EVEN_K:
             w_mask = w_mask & (k0 + k < K)[None, :]
             x_mask = x_mask & (k0 + k < K)[:, None]
+        if k0 == k_release:
+            release(PDL)
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
         if NORM:
             x, squares = fold_norm(x, squares, r_ptr, g_ptr, sum_ptr, k0, k, m, x_mask, stride_rm, stride_sm, K,
@@ -121,6 +147,16 @@ def skinny_gemm_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: tor
     return launch(x, weight, bias, config, silu_mul, (residual, norm_weight, eps, NORM_MODES[mode]))
 
 
+def prefetch_bytes(weight: torch.Tensor) -> int:
+    """PREFETCH_BYTES within a row, in whole 16-byte units from 16-byte aligned rows, as the bulk prefetch needs;
+    none without PDL, where no kernel runs ahead of this one's wait."""
+    size = weight.element_size()
+    aligned = weight.data_ptr() % 16 == 0 and weight.stride(0) * size % 16 == 0
+    if not (aligned and launch_args(weight.device)["PDL"]):
+        return 0
+    return min(PREFETCH_BYTES, weight.shape[1] * size) // 16 * 16
+
+
 def launch(x, weight, bias, config, silu_mul, norm) -> tuple[torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     n = weight.shape[0]
@@ -134,6 +170,7 @@ def launch(x, weight, bias, config, silu_mul, norm) -> tuple[torch.Tensor, torch
     skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
         x, weight, bias if bias is not None else weight, y, residual, norm_weight, total if norm else x, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0), residual.stride(0), k, eps, HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, NORM=mode, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
+        EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, NORM=mode, PREFETCH=prefetch_bytes(weight),
+        RELEASE_STEPS=RELEASE_STEPS, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
     return y, total
