@@ -2,9 +2,10 @@
 graphs here, but steps are padded to the capture sizes exactly as on GPU. Greedy tokens must match HF transformers
 across every scenario, chunked prefill and a prefix hit."""
 import pytest
+import torch
 
 from trtllm_qwenvl import LLM, SamplingParams
-from trtllm_qwenvl.engine.piecewise_graphs import PiecewiseGraphs
+from trtllm_qwenvl.engine.piecewise_graphs import PiecewiseGraphs, replay_inputs
 
 from conftest import relative_error, scenarios
 
@@ -61,3 +62,15 @@ def test_untraceable_layers_keep_the_eager_body(arch, checkpoints, caplog):
         out = llm.generate("Hello", GREEDY, use_tqdm=False)
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
     assert "piecewise prefill graphs off" in caplog.text
+
+
+def test_replays_compare_host_scalars_by_value():
+    """After two models with different norm eps in one process, dynamo passes eps to the pieces as a fresh host
+    scalar every call: a replay must accept the same value at a new address and refuse a new value (the capture
+    baked the old one in). Tensors are compared by address."""
+    def eps(value):
+        return torch.tensor(value, dtype=torch.float64)
+    x = torch.zeros(4)
+    assert replay_inputs([x, eps(1e-6), 3]) == replay_inputs([x, eps(1e-6), 3]) == [x.data_ptr(), 1e-6]
+    assert replay_inputs([x, eps(1e-6)]) != replay_inputs([x, eps(1e-5)])
+    assert replay_inputs([x]) != replay_inputs([torch.zeros(4)])

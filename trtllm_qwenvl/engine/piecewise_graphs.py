@@ -62,15 +62,19 @@ def non_owning(value):
     return value
 
 
-def addresses(args) -> list[int]:
-    return [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+def replay_inputs(args) -> list:
+    """What a replay depends on: each device tensor's address, and each host scalar's value. Dynamo passes a float
+    attribute as a host scalar once it has seen two values of it (two models in one process with different norm
+    eps): a fresh tensor every call, whose value the capture baked in."""
+    return [a.item() if a.device.type == "cpu" and a.numel() == 1 else a.data_ptr()
+            for a in args if isinstance(a, torch.Tensor)]
 
 
 @dataclass
 class Recording:
     graph: torch.cuda.CUDAGraph
     outputs: object
-    inputs: list[int]
+    inputs: list
 
 
 class Piece:
@@ -88,9 +92,10 @@ class Piece:
         rec = self.recordings.get(size)
         if rec is None:
             return self.record(size, args)
-        if addresses(args) != rec.inputs:
-            # A replay reads the addresses it recorded: anything else would silently compute on stale memory.
-            raise RuntimeError(f"piecewise graph for {size} tokens called with inputs at new addresses")
+        if replay_inputs(args) != rec.inputs:
+            # A replay reads the addresses and host values it recorded: anything else would silently compute on
+            # stale memory.
+            raise RuntimeError(f"piecewise graph for {size} tokens called with inputs at new addresses or values")
         rec.graph.replay()
         return rec.outputs
 
@@ -99,7 +104,7 @@ class Piece:
         graph = torch.cuda.CUDAGraph()
         with self.owner.capturing(graph):
             outputs = self.run(*args)
-        self.recordings[size] = Recording(graph, non_owning(outputs), addresses(args))
+        self.recordings[size] = Recording(graph, non_owning(outputs), replay_inputs(args))
         # The caller holds these until their last reader is recorded, so no later piece reuses their memory early.
         return outputs
 
