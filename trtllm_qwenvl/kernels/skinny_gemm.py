@@ -13,7 +13,7 @@ it waits for the kernel ahead (the weights do not depend on it), and lets the ne
 RELEASE_STEPS K-steps before its own stream ends: released at the start, as other kernels are, the next GEMM's
 programs would sit on idle SMs from the beginning and prefetch too early, into lines evicted before use (the
 loss grew with the bytes prefetched). At the Qwen3-VL-8B decoder shapes on an H100 this took a decode step at
-batch 1 from 6.02 to 5.94 ms (perf/results/experiments_h100_2026-11-25_*).
+batch 1 from 6.02 to 5.94 ms (perf/results/experiments_h100_2026-11-25_ef441fe.md).
 
 The torch reference is `torch.nn.functional.linear`.
 """
