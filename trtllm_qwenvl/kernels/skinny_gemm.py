@@ -147,12 +147,12 @@ def skinny_gemm_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: tor
     return launch(x, weight, bias, config, silu_mul, (residual, norm_weight, eps, NORM_MODES[mode]))
 
 
-def prefetch_bytes(weight: torch.Tensor) -> int:
+def prefetch_bytes(weight: torch.Tensor, pdl: bool) -> int:
     """PREFETCH_BYTES within a row, in whole 16-byte units from 16-byte aligned rows, as the bulk prefetch needs;
     none without PDL, where no kernel runs ahead of this one's wait."""
     size = weight.element_size()
     aligned = weight.data_ptr() % 16 == 0 and weight.stride(0) * size % 16 == 0
-    if not (aligned and launch_args(weight.device)["PDL"]):
+    if not (aligned and pdl):
         return 0
     return min(PREFETCH_BYTES, weight.shape[1] * size) // 16 * 16
 
@@ -167,10 +167,11 @@ def launch(x, weight, bias, config, silu_mul, norm) -> tuple[torch.Tensor, torch
         return y, total
     residual, norm_weight, eps, mode = norm or (x, x, 0.0, NORM_MODES["none"])
     cfg = config or DEFAULT
+    pdl = launch_args(x.device)
     skinny_gemm_kernel[(triton.cdiv(y.shape[1], cfg.block_n // 2 if silu_mul else cfg.block_n),)](
         x, weight, bias if bias is not None else weight, y, residual, norm_weight, total if norm else x, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0), residual.stride(0), k, eps, HAS_BIAS=bias is not None,
-        EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, NORM=mode, PREFETCH=prefetch_bytes(weight),
+        EVEN_K=k % cfg.block_k == 0, SILU_MUL=silu_mul, NORM=mode, PREFETCH=prefetch_bytes(weight, pdl["PDL"]),
         RELEASE_STEPS=RELEASE_STEPS, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(x.device))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl)
     return y, total
