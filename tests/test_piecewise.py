@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trtllm_qwenvl import LLM, SamplingParams
-from trtllm_qwenvl.engine.piecewise_graphs import PiecewiseGraphs, replay_inputs
+from trtllm_qwenvl.engine.piecewise_graphs import Call, PiecewiseGraphs, replay_inputs
 
 from conftest import relative_error, scenarios
 
@@ -22,15 +22,21 @@ def piecewise_llm(checkpoint, **kwargs):
 
 @pytest.fixture()
 def step_sizes(monkeypatch):
-    """Token counts the compiled body ran with."""
-    seen = []
-    original = PiecewiseGraphs.forward
+    """Token counts the compiled body ran with, and how many of those steps skipped dynamo's entry (the first of
+    each size goes through it)."""
+    seen, direct = [], []
+    forward, run = PiecewiseGraphs.forward, Call.run
 
-    def forward(self, positions, embeds, size):
+    def counted_forward(self, positions, embeds, size):
         seen.append(embeds.shape[0])
-        return original(self, positions, embeds, size)
-    monkeypatch.setattr(PiecewiseGraphs, "forward", forward)
-    return seen
+        return forward(self, positions, embeds, size)
+
+    def counted_run(self, positions, embeds):
+        direct.append(embeds.shape[0])
+        return run(self, positions, embeds)
+    monkeypatch.setattr(PiecewiseGraphs, "forward", counted_forward)
+    monkeypatch.setattr(Call, "run", counted_run)
+    return seen, direct
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
@@ -52,7 +58,9 @@ def test_piecewise_matches_hf(arch, checkpoints, references, media, step_sizes):
     assert again.num_cached_tokens > 0
     assert again.outputs[0].token_ids == ref.greedy(prompts["image"])
     assert relative_error(captured[-1][0], ref.logits(prompts["two_images"])) <= 1e-4
-    assert set(step_sizes) <= set(SIZES) and len(set(step_sizes)) > 1
+    seen, direct = step_sizes
+    assert set(seen) <= set(SIZES) and len(set(seen)) > 1
+    assert len(direct) == len(seen) - len(set(seen))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_vl_moe"])

@@ -10,8 +10,15 @@ them into a real row.
 
 Memory: every piece at every size records into one pool. A piece keeps only non-owning views of its outputs, so
 the pool reuses the memory of values no later piece reads, exactly as the capturing forward freed them.
+
+Dispatch: dynamo's entry into the compiled body gathers its 370 inputs (every weight, buffer and KV cache of the
+8B model) and checks its guards on them: 0.8 ms of host time before the first piece launched on an H100 host, on
+TTFT's critical path. So the call that records a size keeps the arguments dynamo passed, and later steps of that
+size call the split module with them directly, the step's embeddings and positions swapped in (0.05 ms). Everything
+else it reads is the same object every step: parameters, buffers, the KV caches and the runner's deepstack buffer.
 """
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +75,20 @@ def replay_inputs(args) -> list:
     eps): a fresh tensor every call, whose value the capture baked in."""
     return [a.item() if a.device.type == "cpu" and a.numel() == 1 else a.data_ptr()
             for a in args if isinstance(a, torch.Tensor)]
+
+
+@dataclass
+class Call:
+    """The arguments dynamo passed the split module when a size was recorded, and where the step's inputs sit."""
+    split: fx.GraphModule
+    args: tuple
+    embeds: int
+    positions: int
+
+    def run(self, positions: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        args = list(self.args)
+        args[self.embeds], args[self.positions] = embeds, positions
+        return self.split(*args)[0]  # the body returns one tensor: dynamo's graph outputs (hidden,)
 
 
 @dataclass
@@ -144,6 +165,8 @@ class PiecewiseGraphs:
         self.pieces: list[Piece] = []  # set by the first call, which compiles the body
         self.compiles = 0
         self.replays = 0
+        self.calls: dict[int, Call] = {}  # per padded size: the direct call into the split module
+        self.entering: tuple | None = None  # (size, positions, embeds) of a step entering through dynamo
         self.body = torch.compile(model.forward, backend=self.backend, fullgraph=True)
 
     def backend(self, gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
@@ -158,7 +181,23 @@ class PiecewiseGraphs:
         log = logger.info if self.compiles == 1 else logger.warning  # a recompile records its graphs anew
         log("LM body compiled (%d) in %d pieces around %d attention calls", self.compiles, len(pieces),
             sum(node.target is ATTENTION for node in gm.graph.nodes))
-        return split
+        self.calls = {}  # a recompile records every size anew
+        return functools.partial(self.enter, split)
+
+    def enter(self, split: fx.GraphModule, *args):
+        """Dynamo's call into the split module. The first call of a padded size (on CUDA, the one recording its
+        graphs) keeps its arguments for that size's later steps."""
+        if self.entering is not None and self.entering[0] is not None:
+            self.keep(split, args, *self.entering)
+        return split(*args)
+
+    def keep(self, split: fx.GraphModule, args: tuple, size: int, positions: torch.Tensor,
+             embeds: torch.Tensor) -> None:
+        where = [next((i for i, a in enumerate(args) if a is t), None) for t in (embeds, positions)]
+        if None in where:  # a dynamo that copies its inputs: keep its entry, guards and all
+            logger.warning("dynamo did not pass the step's tensors through; piecewise steps keep its dispatch")
+            return
+        self.calls[size] = Call(split, args, *where)
 
     def compile_piece(self, submod: fx.GraphModule, example_args):
         """Inductor on CUDA fuses each piece's elementwise chains; elsewhere the piece runs as traced."""
@@ -177,28 +216,24 @@ class PiecewiseGraphs:
         return next((s for s in self.sizes if s >= num_tokens), None)
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, size: int | None) -> torch.Tensor:
-        torch._dynamo.mark_dynamic(embeds, 0)
-        torch._dynamo.mark_dynamic(positions, 1)
         self.size = size if self.graphs_on else None
+        call = self.calls.get(size)
         try:
-            with self.guards(size):
+            if call is not None:
+                hidden = call.run(positions, embeds)
+            else:
+                torch._dynamo.mark_dynamic(embeds, 0)
+                torch._dynamo.mark_dynamic(positions, 1)
+                self.entering = (size, positions, embeds)
                 hidden = self.body(positions, inputs_embeds=embeds)
         finally:
             self.size = None
+            self.entering = None
         if self.graphs_on and size is not None:
             if self.replays == 0:
                 logger.info("first step under piecewise CUDA graphs: %d tokens", size)
             self.replays += 1
         return hidden
-
-    def guards(self, size: int | None):
-        """Dynamo checks its guards (on every parameter and global the body reads) on every call: 0.4 ms of host time
-        on an H100 host before the first piece launches, on the critical path of a prefill behind a vision encode.
-        Once a size's graphs are recorded, the body has compiled and run at this size, so the guards are skipped;
-        dynamo then checks only what tells its compiled variants apart, should a recompile have made more than one."""
-        if not self.pieces or size is None or size not in self.pieces[0].recordings:
-            return contextlib.nullcontext()
-        return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
     @contextlib.contextmanager
     def capturing(self, graph: torch.cuda.CUDAGraph):
