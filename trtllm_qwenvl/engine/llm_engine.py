@@ -85,7 +85,8 @@ class LLMEngine:
         self.dtype = args.torch_dtype(getattr(hf_config, "dtype", None) or hf_config.text_config.dtype)
         select_backend(args.attn_backend, self.device)
         self.model = build_model(args, hf_config, self.device, self.dtype)
-        self.processor = InputProcessor(args.tokenizer or args.model, hf_config, pin_pixels=self.device.type == "cuda")
+        self.processor = InputProcessor(args.tokenizer or args.model, hf_config, pin_pixels=self.device.type == "cuda",
+                                        workers=args.preprocess_workers)
         self.tokenizer = self.processor.tokenizer
         self.eos_ids = eos_token_ids(args.model, self.tokenizer)
         self.max_seq_len = args.max_seq_len or hf_config.text_config.max_position_embeddings
