@@ -1,8 +1,5 @@
 """Parity with HF transformers on tiny random checkpoints: prefill logits and greedy tokens, per architecture,
 per scenario, and through the runtime's batching, chunked prefill, prefix caching and preemption."""
-import threading
-import time
-
 import pytest
 
 from trtllm_qwenvl import LLM, SamplingParams
@@ -169,36 +166,6 @@ def test_unclaimed_early_outputs_are_bounded(llm_no_reuse, prompts):
             assert list(enc.unclaimed) == [second.hash] and set(enc.cache) == {second.hash}
         finally:
             enc.max_unclaimed_tokens = bound
-            enc.unclaimed.clear()
-            enc.cache.clear()
-
-
-@pytest.mark.parametrize("busy", [False, True])
-def test_idle_engine_encodes_on_the_announcing_thread(llm_no_reuse, prompts, monkeypatch, busy):
-    """An idle engine's early encode runs on the thread that announced the media, before it goes on; a busy engine
-    encodes them on its own thread between steps."""
-    engine, loop = llm_no_reuse.engine, llm_no_reuse.loop
-    engine.processor.on_media = None
-    try:
-        items = engine.processor(prompts["image"]).mm_items
-    finally:
-        engine.processor.on_media = loop.encode_early
-    threads, encode = [], engine.encode_early
-    monkeypatch.setattr(engine, "encode_early", lambda batch: threads.append(threading.current_thread()) or
-                        encode(batch))
-    if busy:  # as the announcer sees it; the engine thread itself finds nothing to step
-        has_work = engine.has_work
-        monkeypatch.setattr(engine, "has_work",
-                            lambda: threading.current_thread() is threading.main_thread() or has_work())
-    enc = engine.encoder
-    try:
-        loop.encode_early(items)
-        deadline = time.monotonic() + 30
-        while items[0].hash not in enc.cache and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert threads == [loop.thread if busy else threading.main_thread()]
-    finally:
-        with loop.wake:
             enc.unclaimed.clear()
             enc.cache.clear()
 

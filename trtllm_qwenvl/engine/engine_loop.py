@@ -19,7 +19,6 @@ class EngineLoop:
         self.pending: deque = deque()
         self.callbacks: dict[str, Callable[[RequestOutput], None]] = {}
         self.stopped = False
-        self.busy = False  # the engine thread is between taking commands and waiting for more (set under `wake`)
         self.thread = threading.Thread(target=self.run, name="trtllm-qwenvl-engine", daemon=True)
         self.thread.start()
 
@@ -29,15 +28,8 @@ class EngineLoop:
             self.wake.notify()
 
     def encode_early(self, items: list) -> None:
-        """Media of a request still being preprocessed: encoded before the next step (any thread).
-
-        An idle engine's encode runs on the calling thread: the engine thread stays parked in its wait while the
-        caller holds `wake`, and the vision graph launches without a hand-off to a thread that must first win the
-        GIL from the caller's own preprocessing."""
+        """Media of a request still being preprocessed: encoded before the next step (any thread)."""
         with self.wake:
-            if not (self.busy or self.pending or self.engine.has_work()):
-                self.encode(items)
-                return
             self.pending.append(("encode", items, None))
             self.wake.notify()
 
@@ -54,11 +46,9 @@ class EngineLoop:
 
     def drain(self) -> list[RequestOutput]:
         with self.wake:
-            self.busy = False
             while not (self.pending or self.engine.has_work() or self.stopped):
                 self.wake.wait()
             commands, self.pending = list(self.pending), deque()
-            self.busy = True
         outputs = []
         self.encode([item for kind, items, _ in commands if kind == "encode" for item in items])
         for kind, arg, callback in commands:
