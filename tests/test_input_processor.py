@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from trtllm_qwenvl.engine.encoder_runner import EncoderRunner
 from trtllm_qwenvl.inputs.pixels import RAW, PixelNorm
 from trtllm_qwenvl.inputs.processor import InputProcessor
 
@@ -73,6 +74,19 @@ def test_kept_size_images_are_patchified_where_they_are_encoded(checkpoints, med
     if on_device:
         assert [tuple(item.pixel_values.shape) for item in out.mm_items] == [(h, w, 3) for w, h in sizes]
     assert_image_prompt_is_hfs(out, ref)
+
+
+def test_encoder_uploads_same_size_images_together(checkpoints, media):
+    """The encoder patchifies and normalises a run of same-size images as one batch: its rows are still the HF
+    processor's pixels, image after image."""
+    model_dir = checkpoints("qwen3_vl")
+    hf = transformers.AutoProcessor.from_pretrained(model_dir)
+    images = [media["image"].resize(size) for size in [(224, 160), (224, 160), (128, 96), (224, 160)]]
+    prompt = {"prompt": chat_prompt(hf, ["image"] * len(images), "Compare."), "multi_modal_data": {"image": images}}
+    items = InputProcessor(str(model_dir), transformers.AutoConfig.from_pretrained(model_dir))(prompt).mm_items
+    assert all(item.patchify is not None for item in items)
+    pixels = EncoderRunner(None, torch.device("cpu"), torch.float32, 0).upload(items)
+    assert torch.equal(pixels, hf_inputs(hf, prompt)["pixel_values"])
 
 
 @pytest.mark.parametrize("settings", [

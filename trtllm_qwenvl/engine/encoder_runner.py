@@ -7,6 +7,7 @@ output no request has claimed yet is held in arrival order up to `max_unclaimed_
 `max_num_tokens`); past that the oldest leave the cache (a request that failed after its media were announced never
 claims them). An item with more rows than that is left to its request.
 """
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -110,10 +111,20 @@ class EncoderRunner:
         return int(np.prod(item.grid_thw)) // self.model.visual.unit
 
     def upload(self, items: list[MMItem]) -> torch.Tensor:
-        """The items' pixels on the device in the tower's dtype, normalised there from their raw values."""
-        parts = [item.norm.apply(item.patches(async_tensor_h2d(item.pixel_values, item.pixel_values.dtype,
-                                                               self.device)), self.dtype) for item in items]
+        """The items' pixels on the device in the tower's dtype, normalised there from their raw values. Each run of
+        items that share a norm (and, for images the device patchifies, a size) is patchified and normalised in one
+        go: one item alone takes a dozen torch calls, 0.4-0.6 ms of host time for a 512px image on an H100 host."""
+        parts = [self.upload_run(list(run)) for _, run in itertools.groupby(items, key=run_key)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def upload_run(self, run: list[MMItem]) -> torch.Tensor:
+        raw = [async_tensor_h2d(item.pixel_values, item.pixel_values.dtype, self.device) for item in run]
+        first = run[0]
+        if first.patchify is not None:
+            rows = first.patchify(torch.stack(raw) if len(raw) > 1 else raw[0][None])
+        else:
+            rows = raw[0] if len(raw) == 1 else torch.cat(raw)
+        return first.norm.apply(rows, self.dtype)
 
     def gather(self, needed, batch: list[ScheduledSeq]) -> StepMedia:
         row_of_start = dict(zip(map(id, batch), np.cumsum([0] + [s.num_tokens for s in batch[:-1]])))
@@ -137,3 +148,9 @@ class EncoderRunner:
             if not users:
                 del self.users[item.hash]
                 self.cache.pop(item.hash, None)
+
+
+def run_key(item: MMItem) -> tuple:
+    """Items upload together while this stays the same: their norm, and the size of images the device patchifies
+    (rows the host patchified concatenate whatever their count)."""
+    return id(item.norm), item.patchify is not None and tuple(item.pixel_values.shape)

@@ -34,7 +34,7 @@ class MMItem:
     def patches(self, pixels: torch.Tensor | None = None) -> torch.Tensor:
         """Raw patch rows from `pixels`, the item's own pixel values wherever they now are (default: the host's)."""
         pixels = self.pixel_values if pixels is None else pixels
-        return self.patchify(pixels) if self.patchify is not None else pixels
+        return self.patchify(pixels[None]) if self.patchify is not None else pixels
 
     @property
     def num_tokens(self) -> int:

@@ -44,11 +44,12 @@ class DevicePatchify:
     def grid(self, image: torch.Tensor) -> tuple[int, int, int]:
         return 1, image.shape[0] // self.processor.patch_size, image.shape[1] // self.processor.patch_size
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        """(H, W, 3) -> raw patch rows (N, 3 * T * P * P), as the processor's output on the host."""
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, 3) images of one size -> their raw patch rows, image after image (B * N, 3 * T * P * P), as the
+        processor's output on the host."""
         p = self.processor
-        patches, _, _ = p.patchify(image.permute(2, 0, 1)[None], p.patch_size, p.merge_size, p.temporal_patch_size)
-        return patches[0]
+        patches, _, _ = p.patchify(images.permute(0, 3, 1, 2), p.patch_size, p.merge_size, p.temporal_patch_size)
+        return patches.flatten(0, 1)
 
 
 @dataclass
