@@ -13,9 +13,10 @@ the pool reuses the memory of values no later piece reads, exactly as the captur
 
 Dispatch: dynamo's entry into the compiled body gathers its 370 inputs (every weight, buffer and KV cache of the
 8B model) from the modules on every call: 0.75-0.87 ms of host time before the first piece launched on an H100
-host, guards skipped, on TTFT's critical path. So the call that records a size keeps the arguments dynamo passed, and later steps of that
-size call the split module with them directly, the step's embeddings and positions swapped in (0.05 ms). Everything
-else it reads is the same object every step: parameters, buffers, the KV caches and the runner's deepstack buffer.
+host, guards skipped, on TTFT's critical path. So the call that records a size keeps the arguments dynamo passed,
+and later steps of that size call the split module with them directly, the step's embeddings and positions swapped
+in (0.05 ms). Everything else it reads is the same object every step: parameters, buffers, the KV caches and the
+runner's deepstack buffer.
 """
 import contextlib
 import functools

@@ -31,10 +31,9 @@ class MMItem:
     hash: int
     patchify: DevicePatchify | None = None
 
-    def patches(self, pixels: torch.Tensor | None = None) -> torch.Tensor:
-        """Raw patch rows from `pixels`, the item's own pixel values wherever they now are (default: the host's)."""
-        pixels = self.pixel_values if pixels is None else pixels
-        return self.patchify(pixels[None]) if self.patchify is not None else pixels
+    def patches(self) -> torch.Tensor:
+        """Raw patch rows on the host (the encoder patchifies on its device, a run of items at once)."""
+        return self.patchify(self.pixel_values[None]) if self.patchify is not None else self.pixel_values
 
     @property
     def num_tokens(self) -> int:
