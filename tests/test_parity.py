@@ -149,7 +149,8 @@ def test_media_encoded_early_once(llm_no_reuse, ref, prompts):
 
 
 def test_unclaimed_early_outputs_are_bounded(llm_no_reuse, prompts):
-    """Outputs no request claims (its preprocessing failed after the announcement) leave the cache oldest first."""
+    """Outputs no request claims (its preprocessing failed after the announcement) leave the cache oldest first, and
+    one early encode stays within the bound."""
     engine = llm_no_reuse.engine
     engine.processor.on_media = None  # build the items without announcing them
     try:
@@ -164,6 +165,10 @@ def test_unclaimed_early_outputs_are_bounded(llm_no_reuse, prompts):
             assert first.hash in enc.cache
             engine.encode_early([second])
             assert list(enc.unclaimed) == [second.hash] and set(enc.cache) == {second.hash}
+            enc.unclaimed.clear()
+            enc.cache.clear()
+            engine.encode_early([first, second])  # together past the bound: one call encodes the first only
+            assert list(enc.unclaimed) == [first.hash] and set(enc.cache) == {first.hash}
         finally:
             enc.max_unclaimed_tokens = bound
             enc.unclaimed.clear()

@@ -3,6 +3,8 @@ text-only requests under graphs, and a decode step that never syncs the host bef
 
 Tiny fp32 checkpoints keep the references exact enough for token identity (the kernels' fp32 dots are IEEE).
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -148,20 +150,23 @@ def test_pixels_normalised_on_the_device_equal_the_hosts(checkpoint, ref):
 
 
 def test_encoder_graphs_match_eager(checkpoint, ref):
-    """bf16 (graphs need the fused varlen attention); two different batches replay the same graphs in turn."""
+    """bf16 (graphs need the fused varlen attention); different batches replay the same graphs in turn, and a
+    batch of the grids just staged, with other pixels, restages only its pixels."""
     config = {"encoder_cuda_graph": {"min_tokens": 64, "max_tokens": 1024, "max_items": 3, "max_frames": 8}}
     engine = LLMEngine(LlmArgs.from_kwargs(model=str(checkpoint), dtype="bfloat16", multimodal_config=config,
                                            kv_cache_config={"max_tokens": 4096}))
     prompts = scenario_prompts(ref.processor)
     items = {name: engine.processor(p).mm_items for name, p in zip(("image", "two", "video", "mixed"), prompts[1:])}
-    for batch in (items["image"], items["two"] + items["video"], items["mixed"], items["image"]):
+    flipped = [dataclasses.replace(item, pixel_values=item.pixel_values.flip(0).contiguous(), hash=item.hash + 1)
+               for item in items["image"]]
+    for batch in (items["image"], flipped, items["two"] + items["video"], items["mixed"], items["image"]):
         graphed, eager = encode_eager_and_graphed(engine, batch)
         assert graphed is not None
         assert rel_err(graphed.embeds, eager.embeds) <= 1e-2
         if eager.deepstack is not None:
             assert rel_err(graphed.deepstack, eager.deepstack) <= 1e-2
     graphs = engine.encoder.graphs
-    assert graphs.hits == 4 and graphs.misses == 0
+    assert graphs.hits == 5 and graphs.misses == 0
     too_many = items["two"] * 2  # 4 items > max_items: eager fallback, counted
     assert graphs.run(engine.encoder.upload(too_many), [i.grid_thw for i in too_many]) is None
     assert graphs.misses == 1

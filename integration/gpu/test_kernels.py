@@ -15,6 +15,7 @@ from trtllm_qwenvl.kernels.mrope import apply_mrope
 from trtllm_qwenvl.kernels.paged_decode import MAX_SPLITS, WORKSPACE, paged_decode_attention
 from trtllm_qwenvl.kernels import paged_prefill
 from trtllm_qwenvl.kernels.paged_prefill import paged_prefill_attention
+from trtllm_qwenvl.kernels.patch_rows import patch_rows
 from trtllm_qwenvl.kernels.pos_embed import interpolated_pos_embed
 from trtllm_qwenvl.kernels.qk_rope_store import qk_rope_store
 from trtllm_qwenvl.kernels.silu_mul import silu_mul
@@ -29,6 +30,7 @@ from trtllm_qwenvl.layers.mlp import MLP
 from trtllm_qwenvl.layers.norm import ADD_NORMS, LayerNorm
 from trtllm_qwenvl.layers.rotary import MRotaryEmbedding, VisionRotaryTable, apply_rotary
 from trtllm_qwenvl.layers.vision_attention import Segments, varlen_attention_reference
+from trtllm_qwenvl.inputs.pixels import PixelNorm
 from trtllm_qwenvl.models.qwen3_vl import bilinear_taps
 from trtllm_qwenvl.models.vision_common import merge_order_hw
 
@@ -428,6 +430,23 @@ def test_mrope_matches_reference(dtype, layout):
 
 
 # ---- vision rotary -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("patch, sizes", [(16, [(64, 96), (64, 96)]), (14, [(56, 84)]), (16, [(32, 128)])])
+def test_patch_rows_match_hf_processor(dtype, patch, sizes):
+    """Whole uint8 images -> the HF image processor's own pixels (rescaled, normalised, patchified), rounded once to
+    `dtype`: bit for bit, so the tower sees what HF's would."""
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessor
+    processor = Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2)
+    rng = np.random.default_rng(patch)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    ref = processor(images=[Image.fromarray(i) for i in images], return_tensors="pt")["pixel_values"]
+    norm = PixelNorm.of(processor)
+    mean, std = (t.to(DEVICE) for t in (norm.mean, norm.std))
+    out = patch_rows(torch.from_numpy(np.stack(images)).to(DEVICE), mean, std, patch, 2, 2, dtype)
+    assert torch.equal(out.cpu(), ref.to(dtype))
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [72, 80])

@@ -78,9 +78,16 @@ class EncoderRunner:
         return self.gather(needed, batch)
 
     def encode_early(self, items: list[MMItem]) -> None:
-        """Encode announced items not cached yet and hold their outputs for the requests to come."""
-        todo = {item.hash: item for item in items
-                if item.hash not in self.cache and self.rows(item) <= self.max_unclaimed_tokens}
+        """Encode announced items not cached yet and hold their outputs for the requests to come. One call encodes
+        at most `max_unclaimed_tokens` rows, in announcement order: rows past that would be evicted at once, and
+        a burst of announcements (many requests arriving together) would otherwise make one eager tower call of
+        them all, as large as memory allows or larger."""
+        todo, rows = {}, 0
+        for item in items:
+            n = self.rows(item)
+            if item.hash not in self.cache and item.hash not in todo and rows + n <= self.max_unclaimed_tokens:
+                todo[item.hash] = item
+                rows += n
         if not todo:
             return
         self.encode(list(todo.values()))
@@ -121,10 +128,9 @@ class EncoderRunner:
         raw = [async_tensor_h2d(item.pixel_values, item.pixel_values.dtype, self.device) for item in run]
         first = run[0]
         if first.patchify is not None:
-            rows = first.patchify(torch.stack(raw) if len(raw) > 1 else raw[0][None])
-        else:
-            rows = raw[0] if len(raw) == 1 else torch.cat(raw)
-        return first.norm.apply(rows, self.dtype)
+            return first.patchify.normalized(torch.stack(raw) if len(raw) > 1 else raw[0][None], first.norm,
+                                             self.dtype)
+        return first.norm.apply(raw[0] if len(raw) == 1 else torch.cat(raw), self.dtype)
 
     def gather(self, needed, batch: list[ScheduledSeq]) -> StepMedia:
         row_of_start = dict(zip(map(id, batch), np.cumsum([0] + [s.num_tokens for s in batch[:-1]])))

@@ -51,6 +51,16 @@ class DevicePatchify:
         patches, _, _ = p.patchify(images.permute(0, 3, 1, 2), p.patch_size, p.merge_size, p.temporal_patch_size)
         return patches.flatten(0, 1)
 
+    def normalized(self, images: torch.Tensor, norm: "PixelNorm", dtype: torch.dtype) -> torch.Tensor:
+        """(B, H, W, 3) images of one size -> the processor's pixels in `dtype`. On CUDA, with a mean and std to
+        apply, one Triton launch (`kernels.patch_rows`) in place of this patchify and the norm's four."""
+        if images.is_cuda and norm.mean is not None:
+            from ..kernels.patch_rows import patch_rows  # triton: GPU machines only
+            p = self.processor
+            return patch_rows(images, *norm.constants(images.device), p.patch_size, p.merge_size,
+                              p.temporal_patch_size, dtype)
+        return norm.apply(self(images), dtype)
+
 
 @dataclass
 class PixelNorm:

@@ -10,7 +10,8 @@ from ..layers.vision_attention import Segments
 from ..utils.h2d import async_tensor_h2d
 from .base import VisionOutput, VLForCausalLM, build_text_model
 from .registry import register
-from .vision_common import GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, merge_order_hw
+from .vision_common import (GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, joined,
+                             merge_order_hw)
 from .weights import Rule
 
 
@@ -63,7 +64,7 @@ class Qwen2_5VisionTower(VisionTower):
         entries = [self.grids.get(tuple(g)) for g in grids]
         offsets = np.concatenate(([0], np.cumsum([e["units"] for e in entries])[:-1]))
         order = torch.cat([e["order"] + int(off) for e, off in zip(entries, offsets)])
-        return VisionInputs(torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]), None,
+        return VisionInputs(joined(e["cos"] for e in entries), joined(e["sin"] for e in entries), None,
                             order, {"frames": sum((e["frame_lens"] for e in entries), []),
                                     "windows": sum((e["window_lens"] for e in entries), [])})
 

@@ -11,7 +11,8 @@ from ..layers.vision_attention import Segments
 from ..utils.h2d import async_tensor_h2d
 from .base import VisionOutput, VLForCausalLM, build_text_model
 from .registry import register
-from .vision_common import GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, merge_order_hw
+from .vision_common import (GridCache, PatchMerger, VisionBlock, VisionInputs, VisionTower, joined,
+                             merge_order_hw)
 from .weights import Rule
 
 
@@ -70,8 +71,8 @@ class Qwen3VisionTower(VisionTower):
 
     def prepare(self, grids: list[tuple[int, int, int]]) -> VisionInputs:
         entries = [self.grids.get(tuple(g)) for g in grids]
-        return VisionInputs(torch.cat([e["cos"] for e in entries]), torch.cat([e["sin"] for e in entries]),
-                            torch.cat([e["pos"] for e in entries]), None,
+        return VisionInputs(joined(e["cos"] for e in entries), joined(e["sin"] for e in entries),
+                            joined(e["pos"] for e in entries), None,
                             {"frames": sum((e["frame_lens"] for e in entries), [])})
 
     def run(self, pixels: torch.Tensor, inputs: VisionInputs, segments: dict[str, Segments]) -> VisionOutput:

@@ -45,6 +45,12 @@ class VisionTower(nn.Module):
         return from_attention_order(out, inputs.order)
 
 
+def joined(tensors) -> torch.Tensor:
+    """The tensors concatenated; a lone one as it is (one item's grid tensors are cached and only read)."""
+    tensors = list(tensors)
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
 def to_attention_order(pixels: torch.Tensor, order: torch.Tensor | None, unit: int) -> torch.Tensor:
     if order is None:
         return pixels
