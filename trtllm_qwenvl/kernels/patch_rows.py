@@ -40,6 +40,7 @@ def patch_rows(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, patc
                dtype: torch.dtype) -> torch.Tensor:
     """images (B, H, W, C) uint8, contiguous; mean and std (C,) fp32 on the same device, already divided by the
     rescale factor (`PixelNorm`) -> (B * H/patch * W/patch, C * temporal * patch * patch) in `dtype`."""
+    assert images.is_contiguous() and images.dtype == torch.uint8
     b, h, w, c = images.shape
     rows_per_image = (h // patch) * (w // patch)
     out = torch.empty(b * rows_per_image, c * temporal * patch * patch, dtype=dtype, device=images.device)
