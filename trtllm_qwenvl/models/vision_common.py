@@ -46,7 +46,7 @@ class VisionTower(nn.Module):
 
 
 def joined(tensors) -> torch.Tensor:
-    """The tensors concatenated; a lone one as it is (one item's grid tensors are cached and only read)."""
+    """The tensors concatenated; a lone one as it is, not copied (callers only read the result)."""
     tensors = list(tensors)
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
